@@ -1,0 +1,194 @@
+"""Tests for scripts/build_corpus.py and the shipped LibreOffice help corpus."""
+
+import gzip
+import hashlib
+import os
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "scripts"))
+
+import build_corpus as bc  # noqa: E402
+
+DATA_DIR = os.path.join(ROOT, "data", "libreoffice_help_en_de")
+
+# Same structure as a real page (text/shared/optionen/01060300.html), shortened.
+EN_PAGE = """<!DOCTYPE html>
+<html lang="en-US" dir="ltr">
+<head>
+<meta http-equiv="Content-Type" content="text/html; charset=utf-8">
+<title>General</title>
+<script type="text/javascript" src="help.js" defer></script>
+</head>
+<body>
+<div id="DisplayArea" itemprop="softwareHelp" itemscope="true">
+  <h1 id="hd_id3153311" dir="auto">
+    General
+  </h1>
+  <p id="par_id3156410" class="paragraph" dir="auto">Defines general settings for spreadsheet documents.</p>
+  <div class="howtoget"><p class="embedded" dir="auto">No id, not collected.</p></div>
+  <p id="par_id3150444" class="paragraph" dir="auto">
+    <span class="avis">Defines the unit of measure in spreadsheets.</span>
+  </p>
+  <div class="notetext"><p id="par_id050420171020567355" dir="auto">Set it in <span id="swlnsys_1" class="switchinline"><span hidden="true" id="MACtext_1" class="MAC"><span class="menuitem">LibreOffice - Preferences</span>
+</span><span hidden="true" id="defaulttext_1"><span class="menuitem">Tools - Options</span></span></span> <span class="menuitem">- LibreOffice &ndash; Security</span>.<br>Then click &quot;OK&quot; &amp; close.</p></div>
+  <span id="swlnappl_2" class="switch">
+    <span hidden="true" id="CALCtext_2" class="CALC">
+      <h2 id="hd_id271641582528169" dir="auto">Formatted Display</h2>
+    </span>
+  </span>
+  <p id="par_id1" class="paragraph" dir="auto">Secret <span class="hidden">invisible </span>text.</p>
+  <p id="par_id2" class="paragraph" dir="auto"></p>
+  <p id="par_id3" class="paragraph" dir="auto">Embedded twice.</p>
+  <p id="par_id3" class="paragraph" dir="auto">Embedded twice.</p>
+</div>
+<footer><div id="DEBUG" class="debug">
+<p id="bm_module" dir="auto">debug</p>
+</div></footer>
+</body>
+</html>
+"""
+
+
+def test_parse_page_collects_ids_and_skips_hidden():
+    texts = bc.parse_page(EN_PAGE)
+    assert texts["hd_id3153311"] == "General"
+    assert texts["par_id3156410"] == "Defines general settings for spreadsheet documents."
+    assert texts["par_id3150444"] == "Defines the unit of measure in spreadsheets."
+    # macOS variant (hidden) dropped, default switch case kept, entities decoded, <br> -> space.
+    assert texts["par_id050420171020567355"] == (
+        "Set it in Tools - Options - LibreOffice \u2013 Security. Then click \"OK\" & close."
+    )
+    assert "hd_id271641582528169" not in texts  # module-specific hidden block
+    assert texts["par_id1"] == "Secret text."  # class="hidden" span skipped
+    assert texts["par_id2"] == ""
+    assert texts["par_id3"] == texts["par_id3#2"] == "Embedded twice."
+    assert not any(k.startswith("bm_") for k in texts)
+    assert all("No id" not in v and "Preferences" not in v for v in texts.values())
+
+
+def test_pair_paragraphs_by_id():
+    en = {"a": "One.", "b": "Two.", "c": "", "d": "Only English."}
+    de = {"b": "Zwei.", "a": "Eins.", "c": "Leer.", "e": "Nur Deutsch."}
+    assert bc.pair_paragraphs(en, de) == [("One.", "Eins."), ("Two.", "Zwei.")]
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("First sentence. Second one! Third? 4 items.", ["First sentence.", "Second one!", "Third?", "4 items."]),
+        ("Use e.g. Calc or i.e. Writer. Done.", ["Use e.g. Calc or i.e. Writer.", "Done."]),
+        ("Zum Beispiel z. B. Calc, d. h. Writer usw. Fertig.", ["Zum Beispiel z. B. Calc, d. h. Writer usw. Fertig."]),
+        ("Siehe Nr. 5 und vgl. Abschnitt 3. Spalte A. Ende.", ["Siehe Nr. 5 und vgl. Abschnitt 3. Spalte A. Ende."]),
+        ("Der Wert ist 1.5 oder 2,5. Danach folgt mehr.", ["Der Wert ist 1.5 oder 2,5.", "Danach folgt mehr."]),
+        ("Choose Tools - Options... Security tab.", ["Choose Tools - Options... Security tab."]),
+        ("It ends with \"Quote.\" Next sentence.", ["It ends with \"Quote.\"", "Next sentence."]),
+        ("Cell B1 contains 2006. In cell B2 enter it.", ["Cell B1 contains 2006.", "In cell B2 enter it."]),
+        ("Lower case after dot. then no split.", ["Lower case after dot. then no split."]),
+        ("Register: Makro", ["Register: Makro"]),
+        ("", []),
+    ],
+)
+def test_split_sentences(text, expected):
+    assert bc.split_sentences(text) == expected
+
+
+def test_split_sentences_colon_option():
+    assert bc.split_sentences("Note: The value.", split_on_colon=True) == ["Note:", "The value."]
+    assert bc.split_sentences("Note: the value.", split_on_colon=True) == ["Note: the value."]
+
+
+def test_pair_sentences_requires_equal_counts():
+    paras = [
+        ("One. Two.", "Eins. Zwei."),
+        ("Long sentence here.", "Langer Satz. Hier."),
+    ]
+    assert list(bc.pair_sentences(paras)) == [("One.", "Eins."), ("Two.", "Zwei.")]
+
+
+def test_filters_and_dedup():
+    pairs = [
+        ("Hello  world.", "Hallo Welt."),
+        ("Hello world.", "Hallo  Welt."),  # duplicate after normalisation
+        ("Hello world.", "Hallo Erde."),  # same English, different German: kept
+        ("123 456", "123 456"),  # no letters
+        ("", "Leer"),
+        ("Short.", "Ein sehr langer deutscher Satz, der gar nicht zum Original passt."),
+        ("This text was not translated.", "This text was not translated."),
+        ("SUM", "SUM"),  # short identical names are kept
+        (" ".join(["word"] * (bc.MAX_WORDS + 1)), " ".join(["Wort"] * (bc.MAX_WORDS + 1))),
+    ]
+    kept, stats = bc.filter_pairs(pairs)
+    assert kept == [("Hello world.", "Hallo Welt."), ("Hello world.", "Hallo Erde."), ("SUM", "SUM")]
+    assert stats == {
+        "duplicate": 1,
+        "no_letters": 1,
+        "empty": 1,
+        "length_ratio": 1,
+        "untranslated": 1,
+        "too_long": 1,
+    }
+
+
+def test_assign_split_deterministic_and_by_english():
+    sentences = [f"Sentence number {i}." for i in range(5000)]
+    first = [bc.assign_split(s) for s in sentences]
+    assert first == [bc.assign_split(s) for s in sentences]
+    assert set(first) == {"train", "valid", "test"}
+    assert 150 < first.count("valid") < 350 and 150 < first.count("test") < 350
+    splits = bc.split_pairs([("Same English.", f"Deutsch {i}") for i in range(20)])
+    assert sorted(len(v) for v in splits.values()) == [0, 0, 20]
+
+
+def test_gzip_lines_reproducible():
+    a = bc.gzip_lines(["eins", "zwei"])
+    assert a == bc.gzip_lines(["eins", "zwei"])
+    assert gzip.decompress(a).decode("utf-8") == "eins\nzwei\n"
+    assert a[4:8] == b"\0\0\0\0"  # mtime 0
+    with pytest.raises(ValueError):
+        bc.gzip_lines(["tab\tinside"])
+
+
+def test_missing_deb_exits_2(capsys, tmp_path):
+    rc = bc.main(["--en-deb", str(tmp_path / "nope.deb"), "--de-deb", str(tmp_path / "x.deb"), "--out", str(tmp_path / "o")])
+    assert rc == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("build_corpus.py: error: missing .deb file") and "\n" not in err
+
+
+# --------------------------------------------------------------------------
+# The shipped data
+# --------------------------------------------------------------------------
+
+
+def _read_lines(name):
+    with gzip.open(os.path.join(DATA_DIR, name), "rt", encoding="utf-8", newline="\n") as f:
+        return f.read().split("\n")[:-1]
+
+
+def test_shipped_corpus():
+    files = [f"{s}.{l}.gz" for s in bc.SPLITS for l in ("en", "de")]
+    for name in files + ["README.md", "LICENSE", "SHA256SUMS"]:
+        assert os.path.isfile(os.path.join(DATA_DIR, name)), name
+
+    with open(os.path.join(DATA_DIR, "SHA256SUMS"), encoding="utf-8") as f:
+        sums = dict(reversed(line.split("  ", 1)) for line in f.read().splitlines())
+    assert set(sums) == set(files)
+    for name in files:
+        with open(os.path.join(DATA_DIR, name), "rb") as f:
+            assert hashlib.sha256(f.read()).hexdigest() == sums[name], name
+
+    english = {}
+    for split in bc.SPLITS:
+        en, de = _read_lines(f"{split}.en.gz"), _read_lines(f"{split}.de.gz")
+        assert len(en) == len(de) > 0, split
+        assert all(s and "\t" not in s and s == s.strip() for s in en + de)
+        if split != "train":
+            assert 1500 <= len(en) <= 2500, (split, len(en))
+        english[split] = set(en)
+        assert all(bc.assign_split(s) == split for s in english[split])
+    assert not english["train"] & english["valid"]
+    assert not english["train"] & english["test"]
+    assert not english["valid"] & english["test"]
