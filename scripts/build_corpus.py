@@ -220,9 +220,7 @@ def apt_download(dest: str) -> tuple[str, str]:
 # Parsing help pages
 # --------------------------------------------------------------------------
 
-VOID_TAGS = frozenset(
-    "area base br col embed hr img input link meta param source track wbr".split()
-)
+VOID_TAGS = frozenset("area base br col embed hr img input link meta param source track wbr".split())
 CAPTURE_TAGS = frozenset("p h1 h2 h3 h4 h5 h6".split())
 INLINE_TAGS = frozenset("a abbr b code em i kbd samp small span strong sub sup u var".split())
 SKIP_TAGS = frozenset(("script", "style", "noscript", "title"))

@@ -78,11 +78,23 @@ def test_pair_paragraphs_by_id():
 @pytest.mark.parametrize(
     "text, expected",
     [
-        ("First sentence. Second one! Third? 4 items.", ["First sentence.", "Second one!", "Third?", "4 items."]),
+        (
+            "First sentence. Second one! Third? 4 items.",
+            ["First sentence.", "Second one!", "Third?", "4 items."],
+        ),
         ("Use e.g. Calc or i.e. Writer. Done.", ["Use e.g. Calc or i.e. Writer.", "Done."]),
-        ("Zum Beispiel z. B. Calc, d. h. Writer usw. Fertig.", ["Zum Beispiel z. B. Calc, d. h. Writer usw. Fertig."]),
-        ("Siehe Nr. 5 und vgl. Abschnitt 3. Spalte A. Ende.", ["Siehe Nr. 5 und vgl. Abschnitt 3. Spalte A. Ende."]),
-        ("Der Wert ist 1.5 oder 2,5. Danach folgt mehr.", ["Der Wert ist 1.5 oder 2,5.", "Danach folgt mehr."]),
+        (
+            "Zum Beispiel z. B. Calc, d. h. Writer usw. Fertig.",
+            ["Zum Beispiel z. B. Calc, d. h. Writer usw. Fertig."],
+        ),
+        (
+            "Siehe Nr. 5 und vgl. Abschnitt 3. Spalte A. Ende.",
+            ["Siehe Nr. 5 und vgl. Abschnitt 3. Spalte A. Ende."],
+        ),
+        (
+            "Der Wert ist 1.5 oder 2,5. Danach folgt mehr.",
+            ["Der Wert ist 1.5 oder 2,5.", "Danach folgt mehr."],
+        ),
         ("Choose Tools - Options... Security tab.", ["Choose Tools - Options... Security tab."]),
         ("It ends with \"Quote.\" Next sentence.", ["It ends with \"Quote.\"", "Next sentence."]),
         ("Cell B1 contains 2006. In cell B2 enter it.", ["Cell B1 contains 2006.", "In cell B2 enter it."]),
@@ -152,7 +164,16 @@ def test_gzip_lines_reproducible():
 
 
 def test_missing_deb_exits_2(capsys, tmp_path):
-    rc = bc.main(["--en-deb", str(tmp_path / "nope.deb"), "--de-deb", str(tmp_path / "x.deb"), "--out", str(tmp_path / "o")])
+    rc = bc.main(
+        [
+            "--en-deb",
+            str(tmp_path / "nope.deb"),
+            "--de-deb",
+            str(tmp_path / "x.deb"),
+            "--out",
+            str(tmp_path / "o"),
+        ]
+    )
     assert rc == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("build_corpus.py: error: missing .deb file") and "\n" not in err

@@ -1,0 +1,1 @@
+"""Experiment configs (ml-collections), one file each, plus their validation."""

@@ -1,0 +1,91 @@
+r"""Transformer-base on WMT14 English→German, as in the paper (Vaswani et al., 2017).
+
+Run on a TPU/GPU host with `wmt14_translate/de-en` prepared for TFDS (see README):
+
+  python train.py --config=configs/default.py --workdir=/tmp/wmt14_base
+
+Expected: the paper reports 27.3 BLEU (newstest2014, tokenized, checkpoint-averaged,
+beam 4) after 100k steps of ~25k source + ~25k target tokens; this codebase with
+greedy decoding and detokenized sacreBLEU should land around 25-26 at 100k steps.
+Not measured here (no accelerator); the same code is exercised end to end by
+`configs/quickstart.py` and the tests.
+"""
+
+import ml_collections
+
+
+def get_config() -> ml_collections.ConfigDict:
+    """Returns the Transformer-base config."""
+    config = ml_collections.ConfigDict()
+
+    config.seed = 0
+    config.num_train_steps = 100_000
+    config.log_every_steps = 100
+    config.eval_every_steps = 5_000
+    config.checkpoint_every_steps = 5_000
+    config.keep_checkpoints = 5  # The last K checkpoints are kept.
+    # Sequences per device in a batch of the longest bucket; shorter buckets hold
+    # proportionally more, so every batch carries about the same number of tokens:
+    # per_device_batch_size * num_devices * dataset.max_length.
+    config.per_device_batch_size = 32
+
+    config.dataset = dataset = ml_collections.ConfigDict()
+    # A TFDS name ('wmt14_translate/de-en', 'wmt17_translate/de-en', ...) or
+    # 'parallel_text' for aligned text files in `dataset.path`.
+    dataset.name = "wmt14_translate/de-en"
+    # Folder of {train,valid,test}.{source_lang,target_lang}[.gz] files, one
+    # sentence per line (only for dataset.name == 'parallel_text').
+    dataset.path = ""
+    # Where TFDS keeps prepared data; '' means the TFDS default for named
+    # datasets and <workdir>/tfds for parallel text.
+    dataset.data_dir = ""
+    dataset.source_lang = "en"
+    dataset.target_lang = "de"
+    dataset.train_split = "train"
+    dataset.valid_split = "validation"
+    # Pairs longer than this (in subwords, with <eos>) are left out of training;
+    # longer evaluation sources are truncated with a warning.
+    dataset.max_length = 256
+    # Length buckets (subwords); the last must be dataset.max_length. One compiled
+    # step per bucket.
+    dataset.bucket_boundaries = (16, 32, 48, 64, 96, 128, 192, 256)
+
+    config.tokenizer = tokenizer = ml_collections.ConfigDict()
+    tokenizer.vocab_size = 32_000  # Shared by source and target.
+    tokenizer.model_type = "unigram"  # SentencePiece: 'unigram' or 'bpe'.
+    tokenizer.max_training_sentences = 2_000_000  # Sampled from both sides.
+
+    config.model = model = ml_collections.ConfigDict()
+    model.d_model = 512
+    model.num_heads = 8
+    model.d_ff = 2048
+    model.num_layers = 6  # Both stacks, unless overridden below.
+    model.num_encoder_layers = -1  # -1: use num_layers.
+    model.num_decoder_layers = -1  # -1: use num_layers.
+    model.dropout_rate = 0.1
+    model.attention_dropout_rate = 0.0
+    model.positional_encoding = "sinusoidal"  # 'sinusoidal' or 'learned'.
+    model.norm_placement = "post"  # 'post' (the paper) or 'pre'.
+    model.tie_embeddings = True  # Source/target embeddings and output layer.
+    model.dtype = "float32"  # Compute dtype: 'float32' or 'bfloat16'.
+
+    config.optimizer = optimizer = ml_collections.ConfigDict()
+    # Peak of the warm-up + inverse-square-root schedule. The paper's
+    # d_model^-0.5 * warmup_steps^-0.5 is 7e-4 for Transformer-base.
+    optimizer.peak_learning_rate = 7e-4
+    optimizer.warmup_steps = 4_000
+    optimizer.b1 = 0.9
+    optimizer.b2 = 0.98
+    optimizer.eps = 1e-9
+    optimizer.grad_clip_norm = 0.0  # 0 disables clipping.
+    optimizer.label_smoothing = 0.1
+
+    config.eval = eval_config = ml_collections.ConfigDict()
+    eval_config.split = "test"  # Evaluated after training and by --mode=eval.
+    # Source sentences of the validation split translated for the BLEU check
+    # during training (0: skip it).
+    eval_config.num_bleu_sentences = 512
+    eval_config.max_decode_length = 256
+    eval_config.per_device_batch_size = 32
+
+    return config

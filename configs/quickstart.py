@@ -1,0 +1,50 @@
+r"""A small Transformer on the bundled LibreOffice-help English→German corpus, for a 2-core CPU.
+
+  python train.py --config=configs/quickstart.py --workdir=runs/quickstart
+
+Trains, then evaluates the test split with greedy decoding. Expected (measured on
+a 2-core CPU): see README "Quick start" for the measured time and sacreBLEU.
+"""
+
+import os
+
+from configs import default
+
+BUNDLED_CORPUS = os.path.join(
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data", "libreoffice_help_en_de"
+)
+
+
+def get_config():
+    """Returns the quick-start config."""
+    config = default.get_config()
+    config.num_train_steps = 1_300
+    config.log_every_steps = 50
+    config.eval_every_steps = 400
+    config.checkpoint_every_steps = 400
+    config.keep_checkpoints = 2
+    config.per_device_batch_size = 64  # 64 x 64 = 4,096 padded tokens a batch.
+
+    config.dataset.name = "parallel_text"
+    config.dataset.path = BUNDLED_CORPUS
+    config.dataset.valid_split = "valid"
+    config.dataset.max_length = 64
+    config.dataset.bucket_boundaries = (8, 16, 24, 32, 48, 64)
+
+    config.tokenizer.vocab_size = 8_000
+    config.tokenizer.max_training_sentences = 200_000
+
+    config.model.d_model = 256
+    config.model.num_heads = 4
+    config.model.d_ff = 1024
+    config.model.num_layers = 3
+    config.model.norm_placement = "pre"
+    config.model.dtype = "bfloat16"
+
+    config.optimizer.peak_learning_rate = 1e-3
+    config.optimizer.warmup_steps = 300
+
+    config.eval.num_bleu_sentences = 256
+    config.eval.max_decode_length = 128
+    config.eval.per_device_batch_size = 64
+    return config

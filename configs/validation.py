@@ -1,0 +1,91 @@
+"""Checks that a config can work before anything is built or written."""
+
+import ml_collections
+
+from training.errors import UserInputError
+
+_CHOICES = {
+    "model.positional_encoding": ("sinusoidal", "learned"),
+    "model.norm_placement": ("post", "pre"),
+    "model.dtype": ("float32", "bfloat16"),
+    "tokenizer.model_type": ("unigram", "bpe"),
+}
+_POSITIVE = (
+    "num_train_steps",
+    "log_every_steps",
+    "eval_every_steps",
+    "checkpoint_every_steps",
+    "keep_checkpoints",
+    "per_device_batch_size",
+    "dataset.max_length",
+    "tokenizer.vocab_size",
+    "tokenizer.max_training_sentences",
+    "model.d_model",
+    "model.num_heads",
+    "model.d_ff",
+    "model.num_layers",
+    "optimizer.peak_learning_rate",
+    "eval.max_decode_length",
+    "eval.per_device_batch_size",
+)
+
+
+def _get(config: ml_collections.ConfigDict, dotted: str):
+    value = config
+    for part in dotted.split("."):
+        value = value[part]
+    return value
+
+
+def validate_config(config: ml_collections.ConfigDict) -> None:
+    """Raises UserInputError naming the first field that cannot work."""
+    for field in _POSITIVE:
+        if not _get(config, field) > 0:
+            raise UserInputError(f"config.{field} is {_get(config, field)!r}; it must be positive.")
+    for field, choices in _CHOICES.items():
+        if _get(config, field) not in choices:
+            raise UserInputError(f"config.{field} is {_get(config, field)!r}; choose one of {choices}.")
+
+    model = config.model
+    if model.d_model % model.num_heads:
+        raise UserInputError(
+            f"config.model.d_model ({model.d_model}) is not divisible by "
+            f"config.model.num_heads ({model.num_heads}); pick a head count that "
+            "divides it."
+        )
+    for field in ("num_encoder_layers", "num_decoder_layers"):
+        if model[field] == 0 or model[field] < -1:
+            raise UserInputError(
+                f"config.model.{field} is {model[field]}; use a positive count, or "
+                "-1 to take config.model.num_layers."
+            )
+    for field in ("dropout_rate", "attention_dropout_rate"):
+        if not 0.0 <= model[field] < 1.0:
+            raise UserInputError(f"config.model.{field} must be in [0, 1).")
+    if not 0.0 <= config.optimizer.label_smoothing < 1.0:
+        raise UserInputError("config.optimizer.label_smoothing must be in [0, 1).")
+    if config.optimizer.warmup_steps < 0 or config.optimizer.grad_clip_norm < 0:
+        raise UserInputError("config.optimizer.warmup_steps and grad_clip_norm must be >= 0.")
+
+    boundaries = list(config.dataset.bucket_boundaries)
+    if (
+        not boundaries
+        or boundaries != sorted(set(boundaries))
+        or boundaries[0] < 2
+        or boundaries[-1] != config.dataset.max_length
+    ):
+        raise UserInputError(
+            f"config.dataset.bucket_boundaries {tuple(boundaries)} must be strictly "
+            "increasing lengths >= 2 ending at config.dataset.max_length "
+            f"({config.dataset.max_length})."
+        )
+    if config.dataset.name == "parallel_text" and not config.dataset.path:
+        raise UserInputError(
+            "config.dataset.name is 'parallel_text' but config.dataset.path is "
+            "empty; set --config.dataset.path to a folder of train/valid/test files."
+        )
+    if config.dataset.source_lang == config.dataset.target_lang:
+        raise UserInputError(
+            "config.dataset.source_lang and target_lang are both "
+            f"{config.dataset.source_lang!r}; they must differ."
+        )

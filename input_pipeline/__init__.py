@@ -1,0 +1,1 @@
+"""Input pipeline: TFDS sources, SentencePiece subwords, length-bucketed batches."""

@@ -1,0 +1,184 @@
+"""Length-bucketed batches with a restorable position, and ordered eval batches.
+
+Every batch comes from one length bucket and is padded to the bucket's length,
+so the train step compiles once per bucket. Shorter buckets hold more
+sequences: each batch carries about `tokens_per_batch` padded tokens.
+
+Training order is a pure function of (seed, epoch): the iterator's whole state
+is (epoch, batch index in the epoch), two integers saved with each checkpoint,
+and a restored iterator continues with exactly the batch that came next.
+"""
+
+import dataclasses
+from collections.abc import Iterator, Sequence
+
+import numpy as np
+
+from input_pipeline.tokenizer import PAD_ID
+
+
+@dataclasses.dataclass(frozen=True)
+class RaggedIds:
+    """Variable-length id sequences stored flat: sequence i is values[offsets[i]:offsets[i+1]]."""
+
+    values: np.ndarray  # [total_ids] int32
+    offsets: np.ndarray  # [num_sequences + 1] int64
+
+    @classmethod
+    def from_lists(cls, sequences: Sequence[Sequence[int]]) -> "RaggedIds":
+        lengths = np.fromiter((len(s) for s in sequences), np.int64, len(sequences))
+        offsets = np.zeros(len(sequences) + 1, np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        values = np.fromiter((i for s in sequences for i in s), np.int32, offsets[-1])
+        return cls(values, offsets)
+
+    def __len__(self) -> int:
+        return len(self.offsets) - 1
+
+    @property
+    def lengths(self) -> np.ndarray:
+        return np.diff(self.offsets)
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        return self.values[self.offsets[i] : self.offsets[i + 1]]
+
+    def select(self, indices: np.ndarray) -> "RaggedIds":
+        return RaggedIds.from_lists([self[i] for i in indices])
+
+
+@dataclasses.dataclass(frozen=True)
+class ParallelIds:
+    """Tokenized sentence pairs; both sides end with <eos>."""
+
+    sources: RaggedIds
+    targets: RaggedIds
+
+    def __len__(self) -> int:
+        return len(self.sources)
+
+    @property
+    def lengths(self) -> np.ndarray:
+        """[num_pairs] the longer side of each pair, which decides its bucket."""
+        return np.maximum(self.sources.lengths, self.targets.lengths)
+
+
+def bucket_batch_sizes(boundaries: Sequence[int], tokens_per_batch: int, multiple_of: int) -> dict[int, int]:
+    """Sequences per batch for each bucket length, a multiple of `multiple_of`.
+
+    `multiple_of` is the number of data shards (devices), so every batch splits
+    evenly across them.
+    """
+    return {
+        length: max(multiple_of, tokens_per_batch // length // multiple_of * multiple_of)
+        for length in boundaries
+    }
+
+
+def bucket_of(lengths: np.ndarray, boundaries: Sequence[int]) -> np.ndarray:
+    """[n] index of the smallest bucket that holds each length (len(boundaries) if none)."""
+    return np.searchsorted(np.asarray(boundaries), lengths, side="left")
+
+
+def pad_batch(pairs: ParallelIds, indices: np.ndarray, length: int, batch_size: int) -> dict[str, np.ndarray]:
+    """Pads the pairs at `indices` into {'inputs', 'targets'}: [batch_size, length] int32.
+
+    Rows past len(indices) are all padding (they carry no loss weight).
+    """
+    batch = {key: np.full((batch_size, length), PAD_ID, np.int32) for key in ("inputs", "targets")}
+    for row, index in enumerate(indices):
+        for key, side in (("inputs", pairs.sources), ("targets", pairs.targets)):
+            ids = side[index][:length]
+            batch[key][row, : len(ids)] = ids
+    return batch
+
+
+def epoch_batches(
+    lengths: np.ndarray, boundaries: Sequence[int], batch_sizes: dict[int, int], seed: int, epoch: int
+) -> list[np.ndarray]:
+    """The training batches of one epoch, as arrays of example indices.
+
+    Examples are shuffled, grouped by bucket (keeping the shuffled order), cut
+    into full batches (a bucket's remainder waits for another epoch's shuffle),
+    and the batches are shuffled again so that buckets interleave.
+    """
+    rng = np.random.default_rng([seed, epoch])
+    order = rng.permutation(len(lengths))
+    buckets = bucket_of(lengths[order], boundaries)
+    batches = []
+    for bucket, length in enumerate(boundaries):
+        members = order[buckets == bucket]
+        size = batch_sizes[length]
+        for start in range(0, len(members) - size + 1, size):
+            batches.append(members[start : start + size])
+    return [batches[i] for i in rng.permutation(len(batches))]
+
+
+@dataclasses.dataclass(frozen=True)
+class IteratorState:
+    epoch: int = 0
+    batch: int = 0  # Batches of `epoch` already produced.
+
+
+class TrainBatches(Iterator[dict[str, np.ndarray]]):
+    """An endless, restorable stream of shuffled length-bucketed training batches."""
+
+    def __init__(
+        self,
+        pairs: ParallelIds,
+        boundaries: Sequence[int],
+        batch_sizes: dict[int, int],
+        seed: int,
+        state: IteratorState = IteratorState(),
+    ):
+        self._pairs = pairs
+        self._lengths = pairs.lengths
+        self._boundaries = tuple(boundaries)
+        self._batch_sizes = batch_sizes
+        self._seed = seed
+        if not epoch_batches(self._lengths, self._boundaries, batch_sizes, seed, 0):
+            raise ValueError(
+                f"{len(pairs)} training pairs do not fill one batch of any bucket "
+                f"(batch sizes {batch_sizes}); lower the batch size."
+            )
+        self.state = state
+
+    @property
+    def state(self) -> IteratorState:
+        return IteratorState(self._epoch, self._next)
+
+    @state.setter
+    def state(self, state: IteratorState) -> None:
+        self._epoch, self._next = state.epoch, state.batch
+        self._batches = epoch_batches(
+            self._lengths, self._boundaries, self._batch_sizes, self._seed, self._epoch
+        )
+
+    def __next__(self) -> dict[str, np.ndarray]:
+        if self._next >= len(self._batches):
+            self.state = IteratorState(self._epoch + 1, 0)
+        indices = self._batches[self._next]
+        self._next += 1
+        length = self._boundaries[bucket_of(self._lengths[indices[:1]], self._boundaries)[0]]
+        return pad_batch(self._pairs, indices, length, len(indices))
+
+
+def eval_batches(
+    pairs: ParallelIds, boundaries: Sequence[int], batch_sizes: dict[int, int]
+) -> Iterator[tuple[dict[str, np.ndarray], np.ndarray]]:
+    """Every pair exactly once, in length-sorted batches padded to full size.
+
+    Pairs longer than the last bucket are truncated to it (the caller warns).
+
+    Yields:
+      (batch, indices): the padded batch and the pair index of each of its
+      first len(indices) rows.
+    """
+    lengths = np.minimum(pairs.lengths, boundaries[-1])
+    order = np.argsort(lengths, kind="stable")
+    buckets = bucket_of(lengths[order], boundaries)
+    for bucket, length in enumerate(boundaries):
+        members = order[buckets == bucket]
+        size = batch_sizes[length]
+        for start in range(0, len(members), size):
+            indices = members[start : start + size]
+            yield pad_batch(pairs, indices, length, size), indices

@@ -1,0 +1,5 @@
+"""The Transformer model of "Attention Is All You Need"."""
+
+from models.transformer import Transformer, TransformerConfig
+
+__all__ = ['Transformer', 'TransformerConfig']

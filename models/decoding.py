@@ -1,0 +1,125 @@
+"""Greedy autoregressive decoding, jitted, with a key/value cache and an early exit.
+
+The encoder runs once per batch, cross-attention keys/values are computed once
+per sentence, and each step runs the decoder for one new position only
+(`Transformer.decode_step`). `greedy_decode_uncached` reruns the decoder over
+the whole prefix at every step: the reference the cached path is tested and
+benchmarked against.
+"""
+
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+
+from models.transformer import Transformer
+
+# (position, tokens so far) -> logits [batch, vocab] of the token after `position`.
+NextTokenLogits = Callable[[jax.Array, jax.Array, object], tuple[jax.Array, object]]
+
+
+def _greedy_loop(
+    next_token_logits, state, batch_size: int, *, max_length: int, bos_id: int, eos_id: int, pad_id: int
+) -> jax.Array:
+    """Runs greedy steps until every row has emitted <eos> or max_length is reached.
+
+    Args:
+      next_token_logits: (position, tokens [batch, max_length + 1], state) ->
+        (logits [batch, vocab], state); tokens[:, 0] is <bos>.
+      state: whatever next_token_logits carries (the cache, or nothing).
+
+    Returns:
+      [batch, max_length] int32 ids, padded after each row's first <eos>.
+    """
+    # tokens[:, 0] is <bos>; tokens[:, i + 1] is the token generated at step i.
+    tokens = jnp.full((batch_size, max_length + 1), pad_id, jnp.int32).at[:, 0].set(bos_id)
+    finished = jnp.zeros((batch_size,), bool)
+
+    def not_done(carry):
+        position, _, finished, _ = carry
+        return (position < max_length) & ~jnp.all(finished)
+
+    def step(carry):
+        position, tokens, finished, state = carry
+        logits, state = next_token_logits(position, tokens, state)
+        next_token = jnp.argmax(logits, axis=-1).astype(jnp.int32)
+        next_token = jnp.where(finished, pad_id, next_token)
+        tokens = tokens.at[:, position + 1].set(next_token)
+        return position + 1, tokens, finished | (next_token == eos_id), state
+
+    carry = (jnp.array(0, jnp.int32), tokens, finished, state)
+    _, tokens, _, _ = jax.lax.while_loop(not_done, step, carry)
+    return tokens[:, 1:]
+
+
+def greedy_decode(
+    params,
+    inputs: jax.Array,
+    *,
+    model: Transformer,
+    max_length: int,
+    bos_id: int,
+    eos_id: int,
+    pad_id: int = 0,
+) -> jax.Array:
+    """Translates a batch by picking the most likely token at every step.
+
+    Args:
+      params: the model parameters.
+      inputs: [batch, src_len] int32 source ids, pad_id-padded.
+      model: the Transformer.
+      max_length: the most tokens to generate (static).
+      bos_id, eos_id, pad_id: special ids.
+
+    Returns:
+      [batch, max_length] int32 output ids: each row ends at its first <eos>
+      (included) and is padded after it.
+    """
+    variables = {"params": params}
+    encoded = model.apply(variables, inputs, method=Transformer.encode, deterministic=True)
+    cache = model.apply(variables, encoded, max_length, method=Transformer.init_cache)
+
+    def next_token_logits(position, tokens, cache):
+        last = jax.lax.dynamic_slice_in_dim(tokens, position, 1, axis=1)  # [batch, 1]
+        return model.apply(variables, inputs, last, position, cache, method=Transformer.decode_step)
+
+    return _greedy_loop(
+        next_token_logits,
+        cache,
+        inputs.shape[0],
+        max_length=max_length,
+        bos_id=bos_id,
+        eos_id=eos_id,
+        pad_id=pad_id,
+    )
+
+
+def greedy_decode_uncached(
+    params,
+    inputs: jax.Array,
+    *,
+    model: Transformer,
+    max_length: int,
+    bos_id: int,
+    eos_id: int,
+    pad_id: int = 0,
+) -> jax.Array:
+    """`greedy_decode` without the cache: each step reruns the decoder on the whole prefix."""
+    variables = {"params": params}
+    encoded = model.apply(variables, inputs, method=Transformer.encode, deterministic=True)
+
+    def next_token_logits(position, tokens, state):
+        logits = model.apply(
+            variables, encoded, inputs, tokens[:, :-1], method=Transformer.decode, deterministic=True
+        )
+        return jax.lax.dynamic_index_in_dim(logits, position, axis=1, keepdims=False), state
+
+    return _greedy_loop(
+        next_token_logits,
+        (),
+        inputs.shape[0],
+        max_length=max_length,
+        bos_id=bos_id,
+        eos_id=eos_id,
+        pad_id=pad_id,
+    )

@@ -1,0 +1,449 @@
+"""The encoder-decoder Transformer of "Attention Is All You Need" (Vaswani et al., 2017).
+
+Shapes: source ids [batch, src_len], target ids [batch, tgt_len], hidden states
+[batch, length, d_model], logits [batch, tgt_len, vocab]. Padding (pad_id) only ever
+trails the real tokens.
+
+Precision: parameters, the residual stream, LayerNorm, softmax and logits are float32;
+with dtype='bfloat16' only the matmul operands are bfloat16 (accumulated in float32).
+"""
+
+import dataclasses
+import functools
+from collections.abc import Callable
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from models.attention import MultiHeadAttention, causal_mask, padding_mask
+from models.embeddings import PositionalEncoding, TokenEmbedding
+from models.precision import float32_accumulating_dot_general
+
+Array = jax.Array
+# Per decoder layer: 'self_key', 'self_value' [batch, max_length, heads, head_dim]
+# (filled up to the current position) and 'cross_key', 'cross_value'
+# [batch, src_len, heads, head_dim] (computed once from the encoder output).
+LayerCache = dict[str, Array]
+DecoderCache = dict[str, LayerCache]  # 'layers_{i}' -> LayerCache
+
+
+@dataclasses.dataclass(frozen=True)
+class TransformerConfig:
+    """Hyperparameters; validated by the config layer, not here.
+
+    The paper's base model: d_model=512, num_heads=8, d_ff=2048, 6 + 6 layers,
+    dropout_rate=0.1, attention_dropout_rate=0, sinusoidal positions, post-LN, tied
+    embeddings.
+    """
+
+    vocab_size: int
+    d_model: int
+    num_heads: int  # d_model must be divisible by num_heads.
+    d_ff: int
+    num_encoder_layers: int
+    num_decoder_layers: int
+    dropout_rate: float  # On the embedding sums and every sub-layer output.
+    attention_dropout_rate: float  # On the attention weights.
+    positional_encoding: str  # 'sinusoidal' | 'learned'.
+    max_len: int  # Size of the positions table: the longest source or target.
+    norm_placement: str  # 'post' (paper): LN(x + sublayer(x)); 'pre': x + sublayer(LN(x)).
+    tie_embeddings: bool  # One matrix for source and target embeddings and the output projection.
+    dtype: str  # Matmul compute dtype, 'float32' | 'bfloat16'. Params are always float32.
+    pad_id: int = 0
+    bos_id: int = 2
+
+
+def shift_right(targets: Array, bos_id: int) -> Array:
+    """Teacher-forcing decoder inputs: [bos, y_0, ..., y_{n-2}] from targets [y_0, ..., y_{n-1}].
+
+    Args:
+        targets: [batch, tgt_len] int ids.
+        bos_id: id placed at position 0.
+
+    Returns:
+        [batch, tgt_len] int ids, so that the prediction at position i sees targets[:, :i].
+    """
+    bos = jnp.full((targets.shape[0], 1), bos_id, dtype=targets.dtype)
+    return jnp.concatenate([bos, targets[:, :-1]], axis=1)
+
+
+def add_residual(
+    x: Array,
+    sublayer: Callable[[Array], Array],
+    norm: nn.LayerNorm,
+    dropout: nn.Dropout,
+    *,
+    norm_placement: str,
+    deterministic: bool,
+) -> Array:
+    """Wraps a sub-layer with dropout, a residual connection and LayerNorm.
+
+    post (paper, section 5.4): LN(x + Dropout(sublayer(x)))
+    pre: x + Dropout(sublayer(LN(x))); the stack then needs a final LayerNorm.
+    """
+    if norm_placement == 'pre':
+        return x + dropout(sublayer(norm(x)), deterministic=deterministic)
+    return norm(x + dropout(sublayer(x), deterministic=deterministic))
+
+
+class FeedForward(nn.Module):
+    """Position-wise FFN(x) = max(0, x W_1 + b_1) W_2 + b_2 (section 3.3). [b, l, d_model] -> same."""
+
+    d_ff: int
+    dtype: jnp.dtype = jnp.float32
+
+    @nn.compact
+    def __call__(self, x: Array) -> Array:
+        d_model = x.shape[-1]
+        dense = functools.partial(
+            nn.Dense,
+            dtype=self.dtype,
+            dot_general=float32_accumulating_dot_general,
+            kernel_init=nn.initializers.xavier_uniform(),
+        )
+        hidden = nn.relu(dense(self.d_ff, name='hidden')(x))
+        return dense(d_model, name='output')(hidden)
+
+
+def _multi_head_attention(config: TransformerConfig) -> MultiHeadAttention:
+    return MultiHeadAttention(
+        config.num_heads, config.d_model, config.attention_dropout_rate, jnp.dtype(config.dtype)
+    )
+
+
+def _layer_norm(name: str | None = None) -> nn.LayerNorm:
+    # Always float32: normalisation statistics are precision sensitive.
+    return nn.LayerNorm(epsilon=1e-6, dtype=jnp.float32, name=name)
+
+
+class EncoderLayer(nn.Module):
+    """Self-attention then feed-forward, each wrapped by `add_residual`. [b, src, d_model] -> same."""
+
+    config: TransformerConfig
+
+    def setup(self):
+        config = self.config
+        dtype = jnp.dtype(config.dtype)
+        self.self_attention = _multi_head_attention(config)
+        self.self_attention_norm = _layer_norm('self_attention_norm')
+        self.feed_forward = FeedForward(config.d_ff, dtype)
+        self.feed_forward_norm = _layer_norm('feed_forward_norm')
+        self.dropout = nn.Dropout(config.dropout_rate)
+
+    def __call__(self, x: Array, mask: Array, *, deterministic: bool) -> Array:
+        """x: [batch, src_len, d_model]; mask: [batch, 1, src_len, src_len] source padding mask."""
+        residual = functools.partial(
+            add_residual,
+            dropout=self.dropout,
+            norm_placement=self.config.norm_placement,
+            deterministic=deterministic,
+        )
+        x = residual(
+            x,
+            lambda h: self.self_attention(h, h, mask, deterministic=deterministic),
+            self.self_attention_norm,
+        )
+        return residual(x, self.feed_forward, self.feed_forward_norm)
+
+
+class DecoderLayer(nn.Module):
+    """Causal self-attention, cross-attention to the encoder, feed-forward. [b, tgt, d_model] -> same."""
+
+    config: TransformerConfig
+
+    def setup(self):
+        config = self.config
+        dtype = jnp.dtype(config.dtype)
+        self.self_attention = _multi_head_attention(config)
+        self.self_attention_norm = _layer_norm('self_attention_norm')
+        self.cross_attention = _multi_head_attention(config)
+        self.cross_attention_norm = _layer_norm('cross_attention_norm')
+        self.feed_forward = FeedForward(config.d_ff, dtype)
+        self.feed_forward_norm = _layer_norm('feed_forward_norm')
+        self.dropout = nn.Dropout(config.dropout_rate)
+
+    def _sublayers(
+        self,
+        x: Array,
+        self_attend: Callable[[Array], Array],
+        cross_attend: Callable[[Array], Array],
+        *,
+        deterministic: bool,
+    ) -> Array:
+        """The three wrapped sub-layers; `*_attend` map a (normalised) stream to attention outputs."""
+        residual = functools.partial(
+            add_residual,
+            dropout=self.dropout,
+            norm_placement=self.config.norm_placement,
+            deterministic=deterministic,
+        )
+        x = residual(x, self_attend, self.self_attention_norm)
+        x = residual(x, cross_attend, self.cross_attention_norm)
+        return residual(x, self.feed_forward, self.feed_forward_norm)
+
+    def __call__(
+        self,
+        x: Array,
+        encoded: Array,
+        self_attention_mask: Array,
+        cross_attention_mask: Array,
+        *,
+        deterministic: bool,
+    ) -> Array:
+        """Runs one decoder layer over a whole target sequence.
+
+        Args:
+            x: [batch, tgt_len, d_model] decoder stream.
+            encoded: [batch, src_len, d_model] encoder output (keys and values of the
+                cross-attention).
+            self_attention_mask: broadcastable to [batch, 1, tgt_len, tgt_len].
+            cross_attention_mask: broadcastable to [batch, 1, tgt_len, src_len].
+            deterministic: disables dropout.
+        """
+        return self._sublayers(
+            x,
+            lambda h: self.self_attention(h, h, self_attention_mask, deterministic=deterministic),
+            lambda h: self.cross_attention(h, encoded, cross_attention_mask, deterministic=deterministic),
+            deterministic=deterministic,
+        )
+
+    def init_cache(self, encoded: Array, max_length: int) -> LayerCache:
+        """The cache before the first step: cross-attention keys/values of `encoded`, empty self-attention slots."""
+        batch_size = encoded.shape[0]
+        head_dim = self.config.d_model // self.config.num_heads
+        empty = jnp.zeros((batch_size, max_length, self.config.num_heads, head_dim), jnp.float32)
+        cross_key, cross_value = self.cross_attention.project_key_value(encoded)
+        return {'self_key': empty, 'self_value': empty, 'cross_key': cross_key, 'cross_value': cross_value}
+
+    def decode_step(
+        self, x: Array, cache: LayerCache, position: Array, cross_attention_mask: Array
+    ) -> tuple[Array, LayerCache]:
+        """Runs the layer for one new target position, reading and extending `cache`.
+
+        Args:
+            x: [batch, 1, d_model] decoder stream at `position`.
+            cache: from `init_cache` or the previous step.
+            position: [] int32, the index of this position (earlier ones are cached).
+            cross_attention_mask: broadcastable to [batch, 1, 1, src_len].
+
+        Returns:
+            The layer output [batch, 1, d_model] and the cache with this position's
+            self-attention key and value written in.
+        """
+        new_cache = dict(cache)
+
+        def self_attend(h: Array) -> Array:
+            key, value = self.self_attention.project_key_value(h)  # [batch, 1, heads, head_dim]
+            for name, new in (('self_key', key), ('self_value', value)):
+                new_cache[name] = lax.dynamic_update_slice_in_dim(cache[name], new, position, axis=1)
+            # Slots after `position` are still empty; the causal mask hides them.
+            visible = jnp.arange(cache['self_key'].shape[1]) <= position
+            return self.self_attention.attend(
+                h,
+                new_cache['self_key'],
+                new_cache['self_value'],
+                visible[None, None, None, :],
+                deterministic=True,
+            )
+
+        def cross_attend(h: Array) -> Array:
+            return self.cross_attention.attend(
+                h, cache['cross_key'], cache['cross_value'], cross_attention_mask, deterministic=True
+            )
+
+        return self._sublayers(x, self_attend, cross_attend, deterministic=True), new_cache
+
+
+class Encoder(nn.Module):
+    """Embeds source ids and runs the encoder stack.
+
+    Attributes:
+        config: model hyperparameters.
+        token_embedding: shared with the decoder when embeddings are tied.
+    """
+
+    config: TransformerConfig
+    token_embedding: TokenEmbedding
+
+    @nn.compact
+    def __call__(self, inputs: Array, *, deterministic: bool) -> Array:
+        """Maps source ids [batch, src_len] to encodings [batch, src_len, d_model] float32."""
+        config = self.config
+        x = self.token_embedding(inputs)
+        x = PositionalEncoding(config.positional_encoding, config.max_len, name='position_embedding')(x)
+        x = nn.Dropout(config.dropout_rate)(x, deterministic=deterministic)
+
+        source_valid = inputs != config.pad_id
+        mask = padding_mask(source_valid, source_valid)
+        for i in range(config.num_encoder_layers):
+            x = EncoderLayer(config, name=f'layers_{i}')(x, mask, deterministic=deterministic)
+        if config.norm_placement == 'pre':
+            x = _layer_norm('final_norm')(x)
+        return x
+
+
+class Decoder(nn.Module):
+    """Embeds decoder input ids and runs the decoder stack (without the output projection).
+
+    `__call__` processes whole sequences (training, scoring); `init_cache` and
+    `decode_step` generate one position at a time with cached keys and values.
+
+    Attributes:
+        config: model hyperparameters.
+        token_embedding: shared with the encoder when embeddings are tied.
+    """
+
+    config: TransformerConfig
+    token_embedding: TokenEmbedding
+
+    def setup(self):
+        config = self.config
+        self.position_embedding = PositionalEncoding(config.positional_encoding, config.max_len)
+        self.dropout = nn.Dropout(config.dropout_rate)
+        self.layers = [DecoderLayer(config) for _ in range(config.num_decoder_layers)]
+        if config.norm_placement == 'pre':
+            self.final_norm = _layer_norm()
+
+    def _embed(self, ids: Array, *, offset: Array | int = 0, deterministic: bool) -> Array:
+        x = self.position_embedding(self.token_embedding(ids), offset=offset)
+        return self.dropout(x, deterministic=deterministic)
+
+    def _final(self, x: Array) -> Array:
+        return self.final_norm(x) if self.config.norm_placement == 'pre' else x
+
+    def _cross_attention_mask(self, inputs: Array, query_length: int) -> Array:
+        # Every decoder position may query the real source tokens; masking padded
+        # target queries too would only make their (ignored) logits depend on the
+        # source's padding length.
+        return padding_mask(jnp.ones((inputs.shape[0], query_length), bool), inputs != self.config.pad_id)
+
+    def __call__(self, encoded: Array, inputs: Array, decoder_inputs: Array, *, deterministic: bool) -> Array:
+        """Computes decoder hidden states.
+
+        Args:
+            encoded: [batch, src_len, d_model] encoder output.
+            inputs: [batch, src_len] source ids, used only for the source padding mask.
+            decoder_inputs: [batch, tgt_len] ids starting with bos.
+            deterministic: disables dropout.
+
+        Returns:
+            [batch, tgt_len, d_model] float32.
+        """
+        x = self._embed(decoder_inputs, deterministic=deterministic)
+        # Causal masking alone suffices: padding only trails the real tokens, so real
+        # positions never see it, and position 0 (bos) keeps every row non-empty.
+        self_attention_mask = causal_mask(decoder_inputs.shape[1])
+        cross_attention_mask = self._cross_attention_mask(inputs, decoder_inputs.shape[1])
+        for layer in self.layers:
+            x = layer(x, encoded, self_attention_mask, cross_attention_mask, deterministic=deterministic)
+        return self._final(x)
+
+    def init_cache(self, encoded: Array, max_length: int) -> DecoderCache:
+        """The cache for generating up to `max_length` positions from `encoded` [batch, src_len, d_model]."""
+        return {f'layers_{i}': layer.init_cache(encoded, max_length) for i, layer in enumerate(self.layers)}
+
+    def decode_step(
+        self, inputs: Array, decoder_input: Array, position: Array, cache: DecoderCache
+    ) -> tuple[Array, DecoderCache]:
+        """Hidden state [batch, 1, d_model] of one new position, and the extended cache.
+
+        Args:
+            inputs: [batch, src_len] source ids, for the source padding mask.
+            decoder_input: [batch, 1] the id at `position` (bos at position 0).
+            position: [] int32.
+            cache: from `init_cache` or the previous step.
+        """
+        x = self._embed(decoder_input, offset=position, deterministic=True)
+        cross_attention_mask = self._cross_attention_mask(inputs, 1)
+        new_cache = {}
+        for i, layer in enumerate(self.layers):
+            name = f'layers_{i}'
+            x, new_cache[name] = layer.decode_step(x, cache[name], position, cross_attention_mask)
+        return self._final(x), new_cache
+
+
+class Transformer(nn.Module):
+    """Encoder-decoder Transformer returning float32 next-token logits.
+
+    Parameters live under 'shared_embedding' (tied) or 'source_embedding',
+    'target_embedding' and 'output_projection' (untied), then 'encoder/layer_{i}/...'
+    and 'decoder/layer_{i}/...'.
+    """
+
+    config: TransformerConfig
+
+    def setup(self):
+        config = self.config
+        dtype = jnp.dtype(config.dtype)
+        if config.tie_embeddings:
+            self.shared_embedding = TokenEmbedding(config.vocab_size, config.d_model, dtype)
+            source_embedding = target_embedding = self.shared_embedding
+        else:
+            self.source_embedding = TokenEmbedding(config.vocab_size, config.d_model, dtype)
+            self.target_embedding = TokenEmbedding(config.vocab_size, config.d_model, dtype)
+            self.output_projection = nn.Dense(
+                config.vocab_size,
+                use_bias=False,
+                dtype=dtype,
+                dot_general=float32_accumulating_dot_general,
+                kernel_init=nn.initializers.xavier_uniform(),
+            )
+            source_embedding, target_embedding = self.source_embedding, self.target_embedding
+        self.encoder = Encoder(config, source_embedding)
+        self.decoder = Decoder(config, target_embedding)
+
+    def encode(self, inputs: Array, *, deterministic: bool) -> Array:
+        """Source ids [batch, src_len] (pad_id-padded) -> encoded [batch, src_len, d_model]."""
+        return self.encoder(inputs, deterministic=deterministic)
+
+    def _logits(self, hidden: Array) -> Array:
+        if self.config.tie_embeddings:
+            logits = self.shared_embedding.attend(hidden)
+        else:
+            logits = self.output_projection(hidden)
+        return logits.astype(jnp.float32)
+
+    def decode(self, encoded: Array, inputs: Array, decoder_inputs: Array, *, deterministic: bool) -> Array:
+        """Next-token logits [batch, tgt_len, vocab] float32 for each decoder input position.
+
+        Args:
+            encoded: [batch, src_len, d_model] from `encode`.
+            inputs: [batch, src_len] source ids, used only for the source padding mask.
+            decoder_inputs: [batch, tgt_len] ids, already starting with bos_id.
+            deterministic: disables dropout.
+        """
+        return self._logits(self.decoder(encoded, inputs, decoder_inputs, deterministic=deterministic))
+
+    def init_cache(self, encoded: Array, max_length: int) -> DecoderCache:
+        """Key/value cache for generating up to `max_length` tokens from `encoded` [batch, src_len, d_model]."""
+        return self.decoder.init_cache(encoded, max_length)
+
+    def decode_step(
+        self, inputs: Array, decoder_input: Array, position: Array, cache: DecoderCache
+    ) -> tuple[Array, DecoderCache]:
+        """Logits [batch, vocab] for the token after `decoder_input`, and the extended cache.
+
+        Equal to `decode(...)[:, position]` on the whole prefix, at the cost of one position.
+
+        Args:
+            inputs: [batch, src_len] source ids, for the source padding mask.
+            decoder_input: [batch, 1] the id at `position` (bos_id at position 0).
+            position: [] int32.
+            cache: from `init_cache` or the previous step.
+        """
+        hidden, cache = self.decoder.decode_step(inputs, decoder_input, position, cache)
+        return self._logits(hidden)[:, 0], cache
+
+    def __call__(self, inputs: Array, targets: Array, *, deterministic: bool) -> Array:
+        """Teacher-forced logits [batch, tgt_len, vocab]; logits[:, i] predicts targets[:, i].
+
+        Args:
+            inputs: [batch, src_len] int32 source ids (pad_id-padded, ending with eos).
+            targets: [batch, tgt_len] int32 target ids (pad_id-padded, ending with eos).
+            deterministic: disables dropout; otherwise a 'dropout' rng is required.
+        """
+        encoded = self.encode(inputs, deterministic=deterministic)
+        decoder_inputs = shift_right(targets, self.config.bos_id)
+        return self.decode(encoded, inputs, decoder_inputs, deterministic=deterministic)

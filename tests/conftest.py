@@ -1,0 +1,63 @@
+"""Shared fixtures: a small slice of the bundled corpus and the tiny config."""
+
+import gzip
+import os
+
+import pytest
+
+from models import TransformerConfig
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BUNDLED_CORPUS = os.path.join(REPO_ROOT, "data", "libreoffice_help_en_de")
+
+
+# A tiny model for unit tests; vary it with dataclasses.replace.
+TINY_MODEL = TransformerConfig(
+    vocab_size=50,
+    d_model=32,
+    num_heads=4,
+    d_ff=64,
+    num_encoder_layers=2,
+    num_decoder_layers=2,
+    dropout_rate=0.1,
+    attention_dropout_rate=0.1,
+    positional_encoding='sinusoidal',
+    max_len=16,
+    norm_placement='post',
+    tie_embeddings=True,
+    dtype='float32',
+)
+
+
+def write_corpus_slice(folder: str, lines_per_split: dict[str, int]) -> str:
+    """Writes the first lines of each bundled split as plain `{split}.{en,de}` files."""
+    os.makedirs(folder, exist_ok=True)
+    for split, count in lines_per_split.items():
+        for lang in ("en", "de"):
+            with gzip.open(os.path.join(BUNDLED_CORPUS, f"{split}.{lang}.gz"), "rt", encoding="utf-8") as f:
+                lines = [next(f) for _ in range(count)]
+            with open(os.path.join(folder, f"{split}.{lang}"), "w", encoding="utf-8") as f:
+                f.writelines(lines)
+    return folder
+
+
+@pytest.fixture(scope="session")
+def small_corpus(tmp_path_factory) -> str:
+    """A folder with 1,500 train, 40 valid and 40 test pairs of the bundled corpus."""
+    folder = str(tmp_path_factory.mktemp("small_corpus"))
+    return write_corpus_slice(folder, {"train": 1500, "valid": 40, "test": 40})
+
+
+def tiny_config(corpus_dir: str, **overrides):
+    """configs/tiny.py pointed at `corpus_dir`, with dotted-name overrides."""
+    from configs import tiny
+
+    config = tiny.get_config()
+    config.dataset.path = corpus_dir
+    for name, value in overrides.items():
+        node = config
+        *parents, leaf = name.split(".")
+        for parent in parents:
+            node = node[parent]
+        node[leaf] = value
+    return config

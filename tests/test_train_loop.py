@@ -1,0 +1,92 @@
+"""End to end: train, checkpoint, resume exactly, evaluate; and the command line."""
+
+import json
+import os
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+from conftest import REPO_ROOT, tiny_config
+
+from training import loop, sharding
+from training.checkpointing import Checkpointer
+from training.optimizer import make_optimizer
+from training.state import create_train_state, make_model
+
+pytestmark = pytest.mark.slow
+
+
+def _restore(config, workdir, step):
+    from input_pipeline.tokenizer import load_tokenizer
+
+    vocab_size = load_tokenizer(os.path.join(workdir, "tokenizer.model")).vocab_size()
+    model = make_model(config, vocab_size)
+    tx, _ = make_optimizer(config.optimizer)
+    like = jax.eval_shape(lambda: create_train_state(model, tx, config.seed))
+    checkpointer = Checkpointer(workdir, read_only=True)
+    state, data_state = checkpointer.restore(step, sharding.abstract_like(like, sharding.make_mesh()))
+    checkpointer.close()
+    return state, data_state
+
+
+def test_resumed_training_equals_uninterrupted_training(small_corpus, tmp_path):
+    overrides = {"eval.num_bleu_sentences": 4, "eval.split": "valid"}
+    straight = str(tmp_path / "straight")
+    loop.train_and_evaluate(tiny_config(small_corpus, num_train_steps=6, **overrides), straight)
+
+    resumed = str(tmp_path / "resumed")
+    loop.train_and_evaluate(tiny_config(small_corpus, num_train_steps=3, **overrides), resumed)
+    loop.train_and_evaluate(tiny_config(small_corpus, num_train_steps=6, **overrides), resumed)
+
+    config = tiny_config(small_corpus)
+    state_a, data_a = _restore(config, straight, 6)
+    state_b, data_b = _restore(config, resumed, 6)
+    assert int(state_a.step) == int(state_b.step) == 6
+    assert data_a == data_b and data_a.batch + data_a.epoch > 0
+    jax.tree.map(np.testing.assert_array_equal, state_a.params, state_b.params)
+    jax.tree.map(np.testing.assert_array_equal, state_a.opt_state, state_b.opt_state)
+    with open(os.path.join(straight, "eval", "valid", "scores.json")) as f:
+        straight_scores = json.load(f)
+    with open(os.path.join(resumed, "eval", "valid", "scores.json")) as f:
+        resumed_scores = json.load(f)
+    assert straight_scores == resumed_scores
+
+
+def _run_cli(*args):
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+    return subprocess.run(
+        [sys.executable, "train.py", *args],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
+
+
+def test_cli_trains_then_evaluates_a_checkpoint(small_corpus, tmp_path):
+    workdir = str(tmp_path / "run")
+    common = ["--config=configs/tiny.py", f"--workdir={workdir}", f"--config.dataset.path={small_corpus}"]
+    trained = _run_cli(*common, "--config.num_train_steps=4", "--config.model.num_layers=2")
+    assert trained.returncode == 0, trained.stderr[-3000:]
+    assert sorted(os.listdir(os.path.join(workdir, "checkpoints"))) == ["3", "4"]
+    assert os.path.exists(os.path.join(workdir, "tokenizer.model"))
+    assert os.listdir(os.path.join(workdir, "tensorboard", "train"))
+
+    evaluated = _run_cli(*common, "--config.model.num_layers=2", "--mode=eval", "--checkpoint_step=3")
+    assert evaluated.returncode == 0, evaluated.stderr[-3000:]
+    out_dir = os.path.join(workdir, "eval", "test")
+    with open(os.path.join(out_dir, "scores.json")) as f:
+        scores = json.load(f)
+    assert scores["step"] == 3 and scores["split"] == "test"
+    assert {"bleu", "signature", "loss", "perplexity"} <= set(scores)
+    assert scores["signature"].startswith("nrefs:1|case:mixed")
+    for name in ("hypotheses.txt", "references.txt"):
+        with open(os.path.join(out_dir, name), encoding="utf-8") as f:
+            assert len(f.read().splitlines()) == 40
+    with open(os.path.join(small_corpus, "test.de"), encoding="utf-8") as f:
+        references = f.read().splitlines()
+    with open(os.path.join(out_dir, "references.txt"), encoding="utf-8") as f:
+        assert f.read().splitlines() == references

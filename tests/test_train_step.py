@@ -1,0 +1,108 @@
+"""The train step: label-smoothed loss, the schedule, learning on a fixed batch."""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from configs import default
+from training.optimizer import make_optimizer, rsqrt_schedule
+from training.state import create_train_state, make_model
+from training.steps import eval_step, smoothed_cross_entropy, train_step
+
+
+def test_smoothed_cross_entropy_is_kl_to_smoothed_targets():
+    rng = np.random.default_rng(0)
+    logits = rng.normal(size=(2, 3, 7)).astype(np.float32)
+    targets = rng.integers(0, 7, (2, 3))
+    smoothing = 0.1
+    soft = np.full((2, 3, 7), smoothing / 6)
+    np.put_along_axis(soft, targets[..., None], 1 - smoothing, axis=-1)
+    log_probs = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+    expected_kl = (soft * (np.log(soft) - log_probs)).sum(-1)
+    actual = smoothed_cross_entropy(jnp.asarray(logits), jnp.asarray(targets), smoothing)
+    np.testing.assert_allclose(actual, expected_kl, rtol=1e-5, atol=1e-6)
+    # A prediction equal to the smoothed targets scores zero.
+    np.testing.assert_allclose(
+        smoothed_cross_entropy(jnp.log(jnp.asarray(soft)), targets, smoothing), 0, atol=1e-5
+    )
+
+
+def test_rsqrt_schedule_warms_up_linearly_then_decays_as_inverse_sqrt():
+    schedule = rsqrt_schedule(peak_learning_rate=1e-3, warmup_steps=100)
+    # Optax passes the count of updates done: update n (from 1) sees count n - 1.
+    np.testing.assert_allclose(schedule(0), 1e-5, rtol=1e-6)
+    np.testing.assert_allclose(schedule(49), 5e-4, rtol=1e-6)
+    np.testing.assert_allclose(schedule(99), 1e-3, rtol=1e-6)
+    np.testing.assert_allclose(schedule(399), 5e-4, rtol=1e-6)  # sqrt(100 / 400) of the peak.
+
+
+def _setup(**model_overrides):
+    config = default.get_config()
+    config.dataset.max_length = 16
+    config.eval.max_decode_length = 16
+    model_config = dict(
+        d_model=32, num_heads=4, d_ff=64, num_layers=2, dropout_rate=0.0, norm_placement="pre"
+    )
+    model_config.update(model_overrides)
+    config.model.update(model_config)
+    config.optimizer.update(peak_learning_rate=3e-3, warmup_steps=10)
+    model = make_model(config, vocab_size=24)
+    tx, schedule = make_optimizer(config.optimizer)
+    state = create_train_state(model, tx, seed=0)
+    step = jax.jit(
+        functools.partial(train_step, model=model, tx=tx, learning_rate_fn=schedule, label_smoothing=0.0)
+    )
+    return model, state, step
+
+
+def _copy_task_batch(num_pairs=8, length=10):
+    """Targets are the sources reversed: learnable, and the model must use the source."""
+    rng = np.random.default_rng(0)
+    inputs = np.zeros((num_pairs, length), np.int32)
+    targets = np.zeros((num_pairs, length), np.int32)
+    for row in range(num_pairs):
+        n = rng.integers(3, length - 1)
+        words = rng.integers(4, 24, n)
+        inputs[row, : n + 1] = [*words, 3]
+        targets[row, : n + 1] = [*words[::-1], 3]
+    return {"inputs": jnp.asarray(inputs), "targets": jnp.asarray(targets)}
+
+
+def test_train_step_lowers_the_loss_on_a_fixed_batch():
+    _, state, step = _setup(dropout_rate=0.1)
+    batch = _copy_task_batch()
+    losses = []
+    for i in range(5):
+        state, metrics = step(state, batch, jax.random.fold_in(state.rng, i))
+        losses.append(float(metrics["loss"]))
+    assert int(state.step) == 5
+    assert losses[-1] < losses[0] - 0.1, losses
+    assert np.isclose(metrics["tokens"], np.count_nonzero(batch["targets"]))
+
+
+@pytest.mark.parametrize("norm_placement", ["pre", "post"])
+def test_train_step_overfits_a_handful_of_pairs(norm_placement):
+    model, state, step = _setup(norm_placement=norm_placement)
+    batch = _copy_task_batch()
+    for i in range(250):
+        state, metrics = step(state, batch, jax.random.fold_in(state.rng, i))
+    assert float(metrics["loss"]) < 0.05, float(metrics["loss"])
+    assert float(metrics["accuracy"]) == 1.0
+    sums = eval_step(state.params, batch, model=model)
+    assert float(sums["correct"]) == float(sums["tokens"]) == np.count_nonzero(batch["targets"])
+
+
+def test_padding_rows_carry_no_loss_and_no_gradient():
+    _, state, step = _setup()
+    batch = _copy_task_batch(num_pairs=4)
+    padded = {key: jnp.concatenate([value, jnp.zeros_like(value)]) for key, value in batch.items()}
+    rng = jax.random.PRNGKey(3)
+    state_a, metrics_a = step(state, batch, rng)
+    state_b, metrics_b = step(state, padded, rng)
+    np.testing.assert_allclose(metrics_a["loss"], metrics_b["loss"], rtol=1e-5)
+    jax.tree.map(
+        lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6), state_a.params, state_b.params
+    )

@@ -1,0 +1,89 @@
+r"""Trains or evaluates the Transformer.
+
+  python train.py --config=configs/quickstart.py --workdir=runs/quickstart
+  python train.py --config=configs/quickstart.py --workdir=runs/quickstart --mode=eval
+
+Any config field can be overridden, e.g. --config.model.num_layers=2.
+"""
+
+import sys
+
+import jax
+from absl import app, flags, logging
+from ml_collections import config_flags
+
+from configs.validation import validate_config
+from training.errors import UserInputError
+from training.logs import quiet_library_logs
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "Config file (configs/*.py).", lock_config=True)
+_WORKDIR = flags.DEFINE_string("workdir", None, "Directory for checkpoints, logs and results.")
+_MODE = flags.DEFINE_enum(
+    "mode",
+    "train",
+    ["train", "eval"],
+    "train: train (resuming), then evaluate config.eval.split; eval: evaluate a checkpoint.",
+)
+_CHECKPOINT_STEP = flags.DEFINE_integer(
+    "checkpoint_step", None, "With --mode=eval: the step to evaluate (default: latest)."
+)
+flags.mark_flags_as_required(["config", "workdir"])
+
+
+def _parse_flags(argv: list[str]) -> list[str]:
+    """absl's flag parsing, but an unknown --config.* field is one `error:` line, not a traceback.
+
+    ml_collections raises a bare KeyError/AttributeError for an override of a
+    field the config does not have; every other flag error keeps absl's message.
+    """
+    try:
+        return app.parse_flags_with_usage(argv)
+    except (AttributeError, KeyError) as e:
+        overrides = [arg[2:].split("=", 1)[0] for arg in argv[1:] if arg.startswith("--config.")]
+        if not overrides:
+            raise
+        detail = e
+        while isinstance(detail, BaseException) and detail.args:
+            detail = detail.args[0]
+        lines = [line.strip() for line in str(detail).splitlines() if line.strip()]
+        field = lines[0].strip("'\"") if lines else ""
+        bad = [o for o in overrides if field in o.split(".")]
+        if bad:
+            hint = f" ({'; '.join(lines[1:])})" if len(lines) > 1 else ""
+            problem = f"the config has no field {field!r}{hint}"
+        else:
+            bad, problem = overrides, "; ".join(lines)
+        print(
+            f"error: --{', --'.join(bad)}: {problem}; only existing fields can be overridden "
+            "(see the config file).",
+            file=sys.stderr,
+        )
+        sys.exit(2)
+
+
+def main(argv):
+    if len(argv) > 1:
+        raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+    quiet_library_logs()
+    # Our own code never uses TensorFlow's devices; keep it off any GPU.
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+    tf.config.set_visible_devices([], "GPU")
+    logging.info("JAX devices: %s", jax.devices())
+
+    from training import loop  # pylint: disable=g-import-not-at-top
+
+    config = _CONFIG.value
+    try:
+        validate_config(config)
+        if _MODE.value == "train":
+            loop.train_and_evaluate(config, _WORKDIR.value)
+        else:
+            loop.evaluate_checkpoint(config, _WORKDIR.value, _CHECKPOINT_STEP.value)
+    except UserInputError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    app.run(main, flags_parser=_parse_flags)

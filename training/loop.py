@@ -1,0 +1,221 @@
+"""The training loop and checkpoint evaluation, as called by train.py."""
+
+import functools
+import os
+import time
+
+import jax
+import ml_collections
+import numpy as np
+from absl import logging
+from tqdm import tqdm
+
+from input_pipeline import batching
+from input_pipeline.corpus import Corpus, load_corpus
+from input_pipeline.datasets import TextPairs
+from input_pipeline.tokenizer import BOS_ID, EOS_ID
+from models.decoding import greedy_decode
+from training import evaluation, sharding
+from training.checkpointing import Checkpointer, checkpoint_dir
+from training.errors import UserInputError
+from training.metrics_writer import MetricWriter
+from training.optimizer import make_optimizer
+from training.state import create_train_state, make_model
+from training.steps import eval_step, train_step
+
+
+def _batch_sizes(
+    config: ml_collections.ConfigDict, per_device: int, mesh: jax.sharding.Mesh
+) -> dict[int, int]:
+    """Bucket batch sizes carrying per_device * devices * max_length tokens each."""
+    tokens = per_device * mesh.size * config.dataset.max_length
+    return batching.bucket_batch_sizes(config.dataset.bucket_boundaries, tokens, mesh.size)
+
+
+def _eval_setup(config, model, tokenizer, mesh) -> evaluation.EvalSetup:
+    return evaluation.EvalSetup(
+        eval_fn=jax.jit(functools.partial(eval_step, model=model)),
+        decode_fn=jax.jit(
+            functools.partial(greedy_decode, model=model, bos_id=BOS_ID, eos_id=EOS_ID),
+            static_argnames=("max_length",),
+        ),
+        mesh=mesh,
+        tokenizer=tokenizer,
+        boundaries=tuple(config.dataset.bucket_boundaries),
+        batch_sizes=_batch_sizes(config, config.eval.per_device_batch_size, mesh),
+        max_decode_length=config.eval.max_decode_length,
+    )
+
+
+def _head(text: TextPairs, ids: batching.ParallelIds, n: int) -> tuple[TextPairs, batching.ParallelIds]:
+    """The first n pairs of a split (the BLEU check during training)."""
+    keep = np.arange(min(n, len(text)))
+    return (
+        TextPairs(text.sources[:n], text.targets[:n]),
+        batching.ParallelIds(ids.sources.select(keep), ids.targets.select(keep)),
+    )
+
+
+def _evaluation_dir(workdir: str, split: str) -> str:
+    return os.path.join(workdir, "eval", split)
+
+
+def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
+    """Trains (resuming from the workdir's latest checkpoint), then evaluates config.eval.split.
+
+    Returns:
+      The evaluation scores (also in <workdir>/eval/<split>/scores.json).
+    """
+    dataset = config.dataset
+    splits = tuple(dict.fromkeys((dataset.train_split, dataset.valid_split, config.eval.split)))
+    corpus = load_corpus(config, workdir, splits, allow_training_tokenizer=True)
+    mesh = sharding.make_mesh()
+    model = make_model(config, corpus.tokenizer.vocab_size())
+    tx, learning_rate_fn = make_optimizer(config.optimizer)
+    checkpointer = Checkpointer(workdir, keep=config.keep_checkpoints)
+    state = create_train_state(model, tx, config.seed)
+    data_state = batching.IteratorState()
+    if (latest := checkpointer.latest_step()) is not None:
+        state, data_state = checkpointer.restore(latest, sharding.abstract_like(state, mesh))
+        logging.info("Resumed from step %d (data %s).", latest, data_state)
+    state = sharding.replicate(state, mesh)
+
+    train_batches = batching.TrainBatches(
+        corpus.ids[dataset.train_split],
+        dataset.bucket_boundaries,
+        _batch_sizes(config, config.per_device_batch_size, mesh),
+        config.seed,
+        data_state,
+    )
+    jit_train_step = jax.jit(
+        functools.partial(
+            train_step,
+            model=model,
+            tx=tx,
+            learning_rate_fn=learning_rate_fn,
+            label_smoothing=config.optimizer.label_smoothing,
+        ),
+        donate_argnums=0,
+    )
+    setup = _eval_setup(config, model, corpus.tokenizer, mesh)
+    bleu_text, bleu_ids = _head(
+        corpus.text[dataset.valid_split], corpus.ids[dataset.valid_split], config.eval.num_bleu_sentences
+    )
+    train_writer, valid_writer = MetricWriter(workdir, "train"), MetricWriter(workdir, "valid")
+
+    first_step = int(state.step)
+    pending, interval_start = [], time.perf_counter()
+    progress = tqdm(
+        total=config.num_train_steps,
+        initial=first_step,
+        unit="step",
+        dynamic_ncols=True,
+        disable=jax.process_index() != 0,
+    )
+    for step in range(first_step + 1, config.num_train_steps + 1):
+        batch = sharding.shard_batch(next(train_batches), mesh)
+        state, metrics = jit_train_step(state, batch, jax.random.fold_in(state.rng, step))
+        pending.append(metrics)
+        progress.update()
+        last = step == config.num_train_steps
+
+        if step % config.log_every_steps == 0 or last:
+            summary = _summarize(jax.device_get(pending), time.perf_counter() - interval_start)
+            train_writer.write(step, summary)
+            progress.set_postfix(
+                loss=f"{summary['loss']:.3f}", tok_s=f"{summary['target_tokens_per_second']:.0f}"
+            )
+            pending, interval_start = [], time.perf_counter()
+        if step % config.eval_every_steps == 0 or last:
+            valid = evaluation.loss_metrics(setup, state.params, corpus.ids[dataset.valid_split])
+            if config.eval.num_bleu_sentences:
+                hypotheses = evaluation.translate(setup, state.params, bleu_ids)
+                valid["bleu"], _ = evaluation.bleu(hypotheses, bleu_text.targets)
+            valid_writer.write(step, valid)
+            interval_start = time.perf_counter()  # Evaluation is not training time.
+        if step % config.checkpoint_every_steps == 0 or last:
+            checkpointer.save(state, train_batches.state)
+    progress.close()
+    checkpointer.wait_until_finished()
+
+    split = config.eval.split
+    scores = evaluation.evaluate_split(
+        setup,
+        state.params,
+        int(state.step),
+        split,
+        corpus.text[split],
+        corpus.ids[split],
+        _evaluation_dir(workdir, split),
+    )
+    _log_scores(scores)
+    for writer in (train_writer, valid_writer):
+        writer.close()
+    checkpointer.close()
+    return scores
+
+
+def _summarize(metrics: list[dict[str, np.ndarray]], seconds: float) -> dict[str, float]:
+    """Means over an interval's steps (token-weighted), and target tokens/s."""
+    tokens = np.array([m["tokens"] for m in metrics], np.float64)
+    summary = {
+        key: float(np.average([m[key] for m in metrics], weights=tokens))
+        for key in ("loss", "nll", "accuracy")
+    }
+    summary["learning_rate"] = float(metrics[-1]["learning_rate"])
+    summary["grad_norm"] = float(np.mean([m["grad_norm"] for m in metrics]))
+    summary["steps_per_second"] = len(metrics) / seconds
+    summary["target_tokens_per_second"] = float(tokens.sum()) / seconds
+    return summary
+
+
+def _log_scores(scores: dict) -> None:
+    logging.info(
+        "%s at step %d: BLEU %.2f, loss %.4f, perplexity %.2f (%s)",
+        scores["split"],
+        scores["step"],
+        scores["bleu"],
+        scores["loss"],
+        scores["perplexity"],
+        scores["signature"],
+    )
+
+
+def evaluate_checkpoint(
+    config: ml_collections.ConfigDict, workdir: str, checkpoint_step: int | None = None
+) -> dict:
+    """Evaluates a checkpoint of `workdir` (the latest by default) on config.eval.split.
+
+    Raises:
+      UserInputError: the workdir holds no checkpoint (nothing is written then),
+        or the checkpoint does not fit the config's model.
+    """
+    directory = checkpoint_dir(workdir)
+    if not os.path.isdir(directory) or not os.listdir(directory):
+        raise UserInputError(
+            f"No checkpoints in {directory}: train first, e.g. `python train.py "
+            f"--config=... --workdir={workdir}`."
+        )
+    checkpointer = Checkpointer(workdir, read_only=True)
+    step = checkpoint_step if checkpoint_step is not None else checkpointer.latest_step()
+    if step is None:
+        raise UserInputError(f"No complete checkpoint in {directory}.")
+    split = config.eval.split
+    corpus: Corpus = load_corpus(config, workdir, (split,), allow_training_tokenizer=False)
+    mesh = sharding.make_mesh()
+    model = make_model(config, corpus.tokenizer.vocab_size())
+    tx, _ = make_optimizer(config.optimizer)
+    like = jax.eval_shape(lambda: create_train_state(model, tx, config.seed))
+    state, _ = checkpointer.restore(step, sharding.abstract_like(like, mesh))
+    scores = evaluation.evaluate_split(
+        _eval_setup(config, model, corpus.tokenizer, mesh),
+        state.params,
+        step,
+        split,
+        corpus.text[split],
+        corpus.ids[split],
+        _evaluation_dir(workdir, split),
+    )
+    _log_scores(scores)
+    checkpointer.close()
+    return scores

@@ -1,0 +1,63 @@
+"""The train state (a pytree) and the model built from a config."""
+
+from typing import Any
+
+import flax
+import jax
+import jax.numpy as jnp
+import ml_collections
+import optax
+
+from input_pipeline.tokenizer import BOS_ID, PAD_ID
+from models import Transformer, TransformerConfig
+
+
+@flax.struct.dataclass
+class TrainState:
+    """Everything that changes during training; saved whole in each checkpoint."""
+
+    step: jax.Array  # [] int32, optimizer updates done.
+    params: Any
+    opt_state: optax.OptState
+    rng: jax.Array  # [2] uint32, the base key that step keys fold in from.
+
+
+def make_model(config: ml_collections.ConfigDict, vocab_size: int) -> Transformer:
+    """The Transformer described by config.model, for a vocabulary of `vocab_size`."""
+    model = config.model
+    return Transformer(
+        TransformerConfig(
+            vocab_size=vocab_size,
+            d_model=model.d_model,
+            num_heads=model.num_heads,
+            d_ff=model.d_ff,
+            num_encoder_layers=(
+                model.num_encoder_layers if model.num_encoder_layers > 0 else model.num_layers
+            ),
+            num_decoder_layers=(
+                model.num_decoder_layers if model.num_decoder_layers > 0 else model.num_layers
+            ),
+            dropout_rate=model.dropout_rate,
+            attention_dropout_rate=model.attention_dropout_rate,
+            positional_encoding=model.positional_encoding,
+            max_len=max(config.dataset.max_length, config.eval.max_decode_length),
+            norm_placement=model.norm_placement,
+            tie_embeddings=model.tie_embeddings,
+            dtype=model.dtype,
+            pad_id=PAD_ID,
+            bos_id=BOS_ID,
+        )
+    )
+
+
+def init_params(model: Transformer, rng: jax.Array) -> Any:
+    """Float32 parameters of `model` (shapes do not depend on sequence lengths)."""
+    dummy = jnp.ones((1, 2), jnp.int32)
+    return model.init({"params": rng}, dummy, dummy, deterministic=True)["params"]
+
+
+def create_train_state(model: Transformer, tx: optax.GradientTransformation, seed: int) -> TrainState:
+    """A fresh state: parameters from `seed`, Adam moments at zero, step 0."""
+    init_rng, train_rng = jax.random.split(jax.random.PRNGKey(seed))
+    params = init_params(model, init_rng)
+    return TrainState(step=jnp.array(0, jnp.int32), params=params, opt_state=tx.init(params), rng=train_rng)

@@ -1,0 +1,111 @@
+"""Pure train and eval steps: teacher forcing and label-smoothed cross-entropy.
+
+Both are plain functions of pytrees with no host-side state; `jax.jit` (or any
+other transform) compiles them, and the batch may be sharded across devices:
+sums over the batch are global whatever the sharding.
+"""
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from input_pipeline.tokenizer import PAD_ID
+from models import Transformer
+from training.state import TrainState
+
+Batch = dict[str, jax.Array]  # 'inputs', 'targets': [batch, length] int32
+
+
+def smoothed_cross_entropy(logits: jax.Array, targets: jax.Array, label_smoothing: float) -> jax.Array:
+    """Per-token cross-entropy against label-smoothed targets, minus its minimum.
+
+    The true token gets 1 - label_smoothing and every other token an equal share
+    of label_smoothing. Subtracting the entropy of that target distribution makes
+    a perfect prediction score 0 (it is the KL divergence), whatever the smoothing.
+
+    Args:
+      logits: [batch, length, vocab] float32.
+      targets: [batch, length] int32 token ids.
+      label_smoothing: in [0, 1).
+
+    Returns:
+      [batch, length] float32 losses.
+    """
+    vocab_size = logits.shape[-1]
+    confidence = 1.0 - label_smoothing
+    low = label_smoothing / (vocab_size - 1)
+    soft_targets = jax.nn.one_hot(targets, vocab_size) * (confidence - low) + low
+    minimum = -(confidence * jnp.log(confidence) + (vocab_size - 1) * low * jnp.log(low + 1e-20))
+    return optax.softmax_cross_entropy(logits, soft_targets) - minimum
+
+
+def token_metrics(logits: jax.Array, targets: jax.Array, label_smoothing: float) -> dict[str, jax.Array]:
+    """Sums over non-padding tokens: 'loss' (smoothed), 'nll', 'correct', 'tokens'."""
+    weights = (targets != PAD_ID).astype(jnp.float32)
+    nll = optax.softmax_cross_entropy_with_integer_labels(logits, targets)
+    loss = smoothed_cross_entropy(logits, targets, label_smoothing) if label_smoothing > 0 else nll
+    correct = (jnp.argmax(logits, axis=-1) == targets).astype(jnp.float32)
+    return {
+        "loss": jnp.sum(loss * weights),
+        "nll": jnp.sum(nll * weights),
+        "correct": jnp.sum(correct * weights),
+        "tokens": jnp.sum(weights),
+    }
+
+
+def train_step(
+    state: TrainState,
+    batch: Batch,
+    rng: jax.Array,
+    *,
+    model: Transformer,
+    tx: optax.GradientTransformation,
+    learning_rate_fn: optax.Schedule,
+    label_smoothing: float,
+) -> tuple[TrainState, dict[str, jax.Array]]:
+    """One optimizer update on a batch, with teacher forcing.
+
+    Args:
+      state: the current TrainState.
+      batch: 'inputs' (source) and 'targets' (target), [batch, length] int32,
+        0-padded, each sentence ending with <eos>.
+      rng: the dropout key of this step.
+      model, tx, learning_rate_fn, label_smoothing: static; bind with
+        functools.partial before jitting.
+
+    Returns:
+      The new state and per-batch metrics: mean 'loss', 'nll' and 'accuracy' over
+      target tokens, 'tokens', 'learning_rate' and the gradient's 'grad_norm'.
+    """
+
+    def loss_fn(params):
+        logits = model.apply(
+            {"params": params}, batch["inputs"], batch["targets"], deterministic=False, rngs={"dropout": rng}
+        )
+        sums = token_metrics(logits, batch["targets"], label_smoothing)
+        return sums["loss"] / jnp.maximum(sums["tokens"], 1.0), sums
+
+    grads, sums = jax.grad(loss_fn, has_aux=True)(state.params)
+    updates, opt_state = tx.update(grads, state.opt_state, state.params)
+    params = optax.apply_updates(state.params, updates)
+    new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state)
+    tokens = jnp.maximum(sums["tokens"], 1.0)
+    metrics = {
+        "loss": sums["loss"] / tokens,
+        "nll": sums["nll"] / tokens,
+        "accuracy": sums["correct"] / tokens,
+        "tokens": sums["tokens"],
+        "learning_rate": learning_rate_fn(state.step),
+        "grad_norm": optax.tree.norm(grads),
+    }
+    return new_state, metrics
+
+
+def eval_step(params: Any, batch: Batch, *, model: Transformer) -> dict[str, jax.Array]:
+    """Sums of 'nll', 'correct' and 'tokens' on a batch, without dropout or smoothing."""
+    logits = model.apply({"params": params}, batch["inputs"], batch["targets"], deterministic=True)
+    sums = token_metrics(logits, batch["targets"], label_smoothing=0.0)
+    del sums["loss"]  # Equal to 'nll' without smoothing.
+    return sums
