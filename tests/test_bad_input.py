@@ -11,6 +11,8 @@ import subprocess
 import sys
 
 import pytest
+from conftest import BUNDLED_CORPUS as CORPUS
+from conftest import REPO_ROOT as ROOT
 
 from configs import tiny
 from configs.validation import validate_config
@@ -18,8 +20,6 @@ from input_pipeline.parallel_text import check_parallel_files
 from training import loop
 from training.errors import UserInputError
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CORPUS = os.path.join(ROOT, "data", "libreoffice_help_en_de")
 NUM_LINES = 12
 BAD_LINE = 5  # 1-based line number of the non-UTF-8 line.
 

@@ -13,6 +13,7 @@ import socket
 import numpy as np
 import pytest
 import tensorflow_datasets as tfds
+from conftest import BUNDLED_CORPUS as CORPUS
 
 from configs import tiny
 from input_pipeline import batching, datasets, parallel_text
@@ -20,8 +21,6 @@ from input_pipeline.batching import IteratorState, ParallelIds, RaggedIds, Train
 from input_pipeline.tokenizer import EOS_ID, PAD_ID, train_tokenizer
 from training.errors import UserInputError
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CORPUS = os.path.join(ROOT, "data", "libreoffice_help_en_de")
 NUM_LINES = 200
 SPLITS = ("train", "valid", "test")
 

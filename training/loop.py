@@ -21,10 +21,10 @@ from training.errors import UserInputError
 from training.metrics_writer import MetricWriter
 from training.optimizer import make_optimizer
 from training.state import create_train_state, make_model
-from training.steps import eval_step, train_step
+from training.steps import eval_step, jit_train_step
 
 
-def _batch_sizes(
+def batch_sizes(
     config: ml_collections.ConfigDict, per_device: int, mesh: jax.sharding.Mesh
 ) -> dict[int, int]:
     """Bucket batch sizes carrying per_device * devices * max_length tokens each."""
@@ -42,7 +42,7 @@ def _eval_setup(config, model, tokenizer, mesh) -> evaluation.EvalSetup:
         mesh=mesh,
         tokenizer=tokenizer,
         boundaries=tuple(config.dataset.bucket_boundaries),
-        batch_sizes=_batch_sizes(config, config.eval.per_device_batch_size, mesh),
+        batch_sizes=batch_sizes(config, config.eval.per_device_batch_size, mesh),
         max_decode_length=config.eval.max_decode_length,
     )
 
@@ -83,19 +83,12 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
     train_batches = batching.TrainBatches(
         corpus.ids[dataset.train_split],
         dataset.bucket_boundaries,
-        _batch_sizes(config, config.per_device_batch_size, mesh),
+        batch_sizes(config, config.per_device_batch_size, mesh),
         config.seed,
         data_state,
     )
-    jit_train_step = jax.jit(
-        functools.partial(
-            train_step,
-            model=model,
-            tx=tx,
-            learning_rate_fn=learning_rate_fn,
-            label_smoothing=config.optimizer.label_smoothing,
-        ),
-        donate_argnums=0,
+    compiled_train_step = jit_train_step(
+        model, tx, learning_rate_fn, label_smoothing=config.optimizer.label_smoothing
     )
     setup = _eval_setup(config, model, corpus.tokenizer, mesh)
     bleu_text, bleu_ids = _head(
@@ -114,7 +107,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
     )
     for step in range(first_step + 1, config.num_train_steps + 1):
         batch = sharding.shard_batch(next(train_batches), mesh)
-        state, metrics = jit_train_step(state, batch, jax.random.fold_in(state.rng, step))
+        state, metrics = compiled_train_step(state, batch, jax.random.fold_in(state.rng, step))
         pending.append(metrics)
         progress.update()
         last = step == config.num_train_steps

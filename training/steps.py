@@ -5,6 +5,7 @@ other transform) compiles them, and the batch may be sharded across devices:
 sums over the batch are global whatever the sharding.
 """
 
+import functools
 from typing import Any
 
 import jax
@@ -101,6 +102,21 @@ def train_step(
         "grad_norm": optax.tree.norm(grads),
     }
     return new_state, metrics
+
+
+def jit_train_step(
+    model: Transformer,
+    tx: optax.GradientTransformation,
+    learning_rate_fn: optax.Schedule,
+    label_smoothing: float,
+):
+    """`train_step` compiled, with its static arguments bound and the old state's buffers donated."""
+    return jax.jit(
+        functools.partial(
+            train_step, model=model, tx=tx, learning_rate_fn=learning_rate_fn, label_smoothing=label_smoothing
+        ),
+        donate_argnums=0,
+    )
 
 
 def eval_step(params: Any, batch: Batch, *, model: Transformer) -> dict[str, jax.Array]:
