@@ -54,8 +54,7 @@ def _parse_flags(argv: list[str]) -> list[str]:
         else:
             bad, problem = overrides, "; ".join(lines)
         print(
-            f"error: --{', --'.join(bad)}: {problem}; only existing fields can be overridden "
-            "(see the config file).",
+            f"error: --{', --'.join(bad)}: {problem}; only existing fields can be overridden (see the config file).",
             file=sys.stderr,
         )
         sys.exit(2)

@@ -2,8 +2,11 @@ r"""A small Transformer on the bundled LibreOffice-help English→German corpus,
 
   python train.py --config=configs/quickstart.py --workdir=runs/quickstart
 
-Trains, then evaluates the test split with greedy decoding. Expected (measured on
-a 2-core CPU): see README "Quick start" for the measured time and sacreBLEU.
+Trains for 1,000 steps, then evaluates the test split with greedy decoding.
+Expected, measured on a 2-core x86-64 CPU (2026-11-22): the whole command takes
+about 11.5 minutes from an empty workdir and reaches 21.9 detokenized sacreBLEU on
+the 2,212-pair test split (BLEU on 256 validation sentences: 10.4 at step 500,
+19.1 at step 1,000).
 """
 
 import os
@@ -38,6 +41,7 @@ def get_config():
     config.model.num_heads = 4
     config.model.d_ff = 1024
     config.model.num_layers = 3
+    config.model.max_len = 128
     config.model.norm_placement = "pre"
     config.model.dtype = "bfloat16"
 

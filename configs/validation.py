@@ -24,6 +24,7 @@ _POSITIVE = (
     "model.num_heads",
     "model.d_ff",
     "model.num_layers",
+    "model.max_len",
     "optimizer.peak_learning_rate",
     "eval.max_decode_length",
     "eval.per_device_batch_size",
@@ -56,8 +57,7 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
     for field in ("num_encoder_layers", "num_decoder_layers"):
         if model[field] == 0 or model[field] < -1:
             raise UserInputError(
-                f"config.model.{field} is {model[field]}; use a positive count, or "
-                "-1 to take config.model.num_layers."
+                f"config.model.{field} is {model[field]}; use a positive count, or -1 to take config.model.num_layers."
             )
     for field in ("dropout_rate", "attention_dropout_rate"):
         if not 0.0 <= model[field] < 1.0:
@@ -66,6 +66,15 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
         raise UserInputError("config.optimizer.label_smoothing must be in [0, 1).")
     if config.optimizer.warmup_steps < 0 or config.optimizer.grad_clip_norm < 0:
         raise UserInputError("config.optimizer.warmup_steps and grad_clip_norm must be >= 0.")
+
+    for field in ("dataset.max_length", "eval.max_decode_length"):
+        if _get(config, field) > model.max_len:
+            raise UserInputError(
+                f"config.{field} ({_get(config, field)}) exceeds config.model.max_len "
+                f"({model.max_len}), the number of positions the model encodes; raise max_len."
+            )
+    if config.eval.num_bleu_sentences < 0:
+        raise UserInputError("config.eval.num_bleu_sentences must be >= 0 (0 skips the BLEU check).")
 
     boundaries = list(config.dataset.bucket_boundaries)
     if (
@@ -86,6 +95,5 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
         )
     if config.dataset.source_lang == config.dataset.target_lang:
         raise UserInputError(
-            "config.dataset.source_lang and target_lang are both "
-            f"{config.dataset.source_lang!r}; they must differ."
+            f"config.dataset.source_lang and target_lang are both {config.dataset.source_lang!r}; they must differ."
         )

@@ -10,11 +10,14 @@ and a restored iterator continues with exactly the batch that came next.
 """
 
 import dataclasses
+import hashlib
 from collections.abc import Iterator, Sequence
 
 import numpy as np
+from absl import logging
 
 from input_pipeline.tokenizer import PAD_ID
+from training.errors import UserInputError
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,7 +46,21 @@ class RaggedIds:
         return self.values[self.offsets[i] : self.offsets[i + 1]]
 
     def select(self, indices: np.ndarray) -> "RaggedIds":
-        return RaggedIds.from_lists([self[i] for i in indices])
+        """The sequences at `indices`, in that order (one vectorised gather)."""
+        indices = np.asarray(indices, np.int64)
+        lengths = self.lengths[indices]
+        offsets = np.zeros(len(indices) + 1, np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        gather = np.repeat(self.offsets[indices] - offsets[:-1], lengths) + np.arange(offsets[-1])
+        return RaggedIds(self.values[gather], offsets)
+
+    @classmethod
+    def concatenate(cls, parts: Sequence["RaggedIds"]) -> "RaggedIds":
+        """The sequences of `parts`, one after another."""
+        offsets = [np.zeros(1, np.int64)]
+        for part in parts:
+            offsets.append(part.offsets[1:] + offsets[-1][-1])
+        return cls(np.concatenate([part.values for part in parts]), np.concatenate(offsets))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,10 +85,7 @@ def bucket_batch_sizes(boundaries: Sequence[int], tokens_per_batch: int, multipl
     `multiple_of` is the number of data shards (devices), so every batch splits
     evenly across them.
     """
-    return {
-        length: max(multiple_of, tokens_per_batch // length // multiple_of * multiple_of)
-        for length in boundaries
-    }
+    return {length: max(multiple_of, tokens_per_batch // length // multiple_of * multiple_of) for length in boundaries}
 
 
 def bucket_of(lengths: np.ndarray, boundaries: Sequence[int]) -> np.ndarray:
@@ -113,10 +127,19 @@ def epoch_batches(
     return [batches[i] for i in rng.permutation(len(batches))]
 
 
+def _order_fingerprint(lengths: np.ndarray, boundaries: Sequence[int], batch_sizes: dict[int, int], seed: int) -> str:
+    digest = hashlib.sha256(np.ascontiguousarray(lengths, np.int64).tobytes())
+    digest.update(repr((tuple(boundaries), sorted(batch_sizes.items()), seed)).encode())
+    return digest.hexdigest()[:16]
+
+
 @dataclasses.dataclass(frozen=True)
 class IteratorState:
     epoch: int = 0
     batch: int = 0  # Batches of `epoch` already produced.
+    # What decides the order (data, seed, buckets, batch sizes), hashed: a
+    # position is only meaningful in the order it was saved with.
+    order: str = ""
 
 
 class TrainBatches(Iterator[dict[str, np.ndarray]]):
@@ -135,27 +158,33 @@ class TrainBatches(Iterator[dict[str, np.ndarray]]):
         self._boundaries = tuple(boundaries)
         self._batch_sizes = batch_sizes
         self._seed = seed
+        self._order = _order_fingerprint(self._lengths, self._boundaries, batch_sizes, seed)
         if not epoch_batches(self._lengths, self._boundaries, batch_sizes, seed, 0):
-            raise ValueError(
-                f"{len(pairs)} training pairs do not fill one batch of any bucket "
-                f"(batch sizes {batch_sizes}); lower the batch size."
+            raise UserInputError(
+                f"{len(pairs)} training pairs do not fill one batch of any length bucket "
+                f"(batch sizes {batch_sizes}); lower config.per_device_batch_size."
             )
         self.state = state
 
     @property
     def state(self) -> IteratorState:
-        return IteratorState(self._epoch, self._next)
+        return IteratorState(self._epoch, self._next, self._order)
 
     @state.setter
     def state(self, state: IteratorState) -> None:
+        if state.order not in ("", self._order):
+            logging.warning(
+                "The data, seed, buckets or batch sizes differ from those the saved position was "
+                "taken in: training goes on from epoch %d, batch %d of a different order.",
+                state.epoch,
+                state.batch,
+            )
         self._epoch, self._next = state.epoch, state.batch
-        self._batches = epoch_batches(
-            self._lengths, self._boundaries, self._batch_sizes, self._seed, self._epoch
-        )
+        self._batches = epoch_batches(self._lengths, self._boundaries, self._batch_sizes, self._seed, self._epoch)
 
     def __next__(self) -> dict[str, np.ndarray]:
         if self._next >= len(self._batches):
-            self.state = IteratorState(self._epoch + 1, 0)
+            self.state = IteratorState(self._epoch + 1, 0, self._order)
         indices = self._batches[self._next]
         self._next += 1
         length = self._boundaries[bucket_of(self._lengths[indices[:1]], self._boundaries)[0]]

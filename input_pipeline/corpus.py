@@ -44,14 +44,13 @@ def load_corpus(
     have_tokenizer = os.path.exists(tokenizer_path)
     if not have_tokenizer and not allow_training_tokenizer:
         raise UserInputError(
-            f"{tokenizer_path} does not exist: {workdir} holds no trained run. "
-            "Train first with the same --workdir."
+            f"{tokenizer_path} does not exist: {workdir} holds no trained run. Train first with the same --workdir."
         )
     needed = splits if have_tokenizer else tuple(dict.fromkeys((dataset.train_split, *splits)))
     builder = datasets.make_builder(dataset, workdir, required_splits=needed)
+    os.makedirs(workdir, exist_ok=True)  # Only now: bad data must leave no trace.
     text = {
-        split: datasets.load_text_pairs(builder, split, dataset.source_lang, dataset.target_lang)
-        for split in needed
+        split: datasets.load_text_pairs(builder, split, dataset.source_lang, dataset.target_lang) for split in needed
     }
     if have_tokenizer:
         tokenizer = tokenizer_lib.load_tokenizer(tokenizer_path)
@@ -70,7 +69,5 @@ def load_corpus(
         ids[split] = datasets.tokenize(text[split], tokenizer)
         if split == dataset.train_split:
             ids[split] = datasets.filter_by_length(ids[split], dataset.max_length)
-        logging.info(
-            "%s: %d pairs, %d target subwords.", split, len(ids[split]), int(ids[split].targets.lengths.sum())
-        )
+        logging.info("%s: %d pairs, %d target subwords.", split, len(ids[split]), int(ids[split].targets.lengths.sum()))
     return Corpus(tokenizer, {s: text[s] for s in splits}, ids)

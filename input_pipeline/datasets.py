@@ -15,6 +15,7 @@ from input_pipeline.tokenizer import EOS_ID
 from training.errors import UserInputError
 
 LOCAL_DATASET = "parallel_text"
+_TOKENIZE_CHUNK = 100_000  # Sentences tokenized at a time.
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,9 +79,7 @@ def make_builder(
     return builder
 
 
-def load_text_pairs(
-    builder: tfds.core.DatasetBuilder, split: str, source_lang: str, target_lang: str
-) -> TextPairs:
+def load_text_pairs(builder: tfds.core.DatasetBuilder, split: str, source_lang: str, target_lang: str) -> TextPairs:
     """All pairs of `split`, in the dataset's order, as Python strings."""
     sources, targets = [], []
     for example in tfds.as_numpy(builder.as_dataset(split=split)):
@@ -94,8 +93,12 @@ def tokenize(pairs: TextPairs, tokenizer: spm.SentencePieceProcessor) -> Paralle
     """Subword ids of both sides, each sequence ending with <eos>."""
 
     def encode(texts: list[str]) -> RaggedIds:
-        ids = tokenizer.encode(texts, num_threads=os.cpu_count() or 1)
-        return RaggedIds.from_lists([seq + [EOS_ID] for seq in ids])
+        # In chunks, so that only one chunk at a time is held as Python lists.
+        chunks = []
+        for start in range(0, len(texts), _TOKENIZE_CHUNK):
+            ids = tokenizer.encode(texts[start : start + _TOKENIZE_CHUNK], num_threads=os.cpu_count() or 1)
+            chunks.append(RaggedIds.from_lists([seq + [EOS_ID] for seq in ids]))
+        return RaggedIds.concatenate(chunks) if chunks else RaggedIds.from_lists([])
 
     return ParallelIds(encode(pairs.sources), encode(pairs.targets))
 

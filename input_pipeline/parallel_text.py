@@ -170,6 +170,4 @@ class ParallelText(tfds.core.GeneratorBasedBuilder):
                 continue
             yield index, {self._source_lang: source, self._target_lang: target}
         if skipped:
-            logging.warning(
-                "%s: skipped %d of %d pairs with an empty side.", files.source, skipped, len(sources)
-            )
+            logging.warning("%s: skipped %d of %d pairs with an empty side.", files.source, skipped, len(sources))

@@ -8,6 +8,8 @@ from collections.abc import Iterable
 import sentencepiece as spm
 from absl import logging
 
+from training.errors import UserInputError
+
 PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
 
 
@@ -29,32 +31,32 @@ def train_tokenizer(
     if len(sentences) > max_sentences:
         sentences = random.Random(seed).sample(sentences, max_sentences)
     model = io.BytesIO()
-    spm.SentencePieceTrainer.train(
-        sentence_iterator=iter(sentences),
-        model_writer=model,
-        vocab_size=vocab_size,
-        model_type=model_type,
-        character_coverage=1.0,
-        pad_id=PAD_ID,
-        unk_id=UNK_ID,
-        bos_id=BOS_ID,
-        eos_id=EOS_ID,
-        input_sentence_size=max_sentences,
-        shuffle_input_sentence=True,
-        num_threads=os.cpu_count() or 1,
-        minloglevel=2,
-    )
+    try:
+        spm.SentencePieceTrainer.train(
+            sentence_iterator=iter(sentences),
+            model_writer=model,
+            vocab_size=vocab_size,
+            model_type=model_type,
+            character_coverage=1.0,
+            pad_id=PAD_ID,
+            unk_id=UNK_ID,
+            bos_id=BOS_ID,
+            eos_id=EOS_ID,
+            input_sentence_size=max_sentences,
+            shuffle_input_sentence=True,
+            num_threads=os.cpu_count() or 1,
+            minloglevel=2,
+        )
+    except RuntimeError as e:  # How SentencePiece reports settings that cannot work.
+        raise UserInputError(
+            f"Cannot train a {vocab_size}-piece tokenizer on {len(sentences)} sentences ({e}); "
+            "adjust config.tokenizer.vocab_size."
+        ) from None
     tmp_path = model_path + ".tmp"
     with open(tmp_path, "wb") as f:
         f.write(model.getvalue())
     os.replace(tmp_path, model_path)
-    logging.info(
-        "Trained a %d-piece %s tokenizer on %d sentences: %s",
-        vocab_size,
-        model_type,
-        len(sentences),
-        model_path,
-    )
+    logging.info("Trained a %d-piece %s tokenizer on %d sentences.", vocab_size, model_type, len(sentences))
     return load_tokenizer(model_path)
 
 

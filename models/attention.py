@@ -148,9 +148,7 @@ class MultiHeadAttention(nn.Module):
         """Per-head keys and values, each [batch, kv_len, heads, head_dim], of [batch, kv_len, d_model]."""
         return self.key(inputs_kv), self.value(inputs_kv)
 
-    def attend(
-        self, inputs_q: Array, key: Array, value: Array, mask: Array | None, *, deterministic: bool
-    ) -> Array:
+    def attend(self, inputs_q: Array, key: Array, value: Array, mask: Array | None, *, deterministic: bool) -> Array:
         """Attends from `inputs_q` [batch, q_len, d_model] to projected keys and values.
 
         Args:
@@ -178,9 +176,7 @@ class MultiHeadAttention(nn.Module):
         self.sow('intermediates', 'attention_weights', weights)
         return self.output(heads)
 
-    def __call__(
-        self, inputs_q: Array, inputs_kv: Array, mask: Array | None, *, deterministic: bool
-    ) -> Array:
+    def __call__(self, inputs_q: Array, inputs_kv: Array, mask: Array | None, *, deterministic: bool) -> Array:
         """Attends from `inputs_q` [batch, q_len, d_model] to `inputs_kv` [batch, kv_len, d_model].
 
         Returns [batch, q_len, d_model] float32.

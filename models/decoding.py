@@ -8,32 +8,42 @@ benchmarked against.
 """
 
 from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 
 from models.transformer import Transformer
 
-# (position, tokens so far) -> logits [batch, vocab] of the token after `position`.
-NextTokenLogits = Callable[[jax.Array, jax.Array, object], tuple[jax.Array, object]]
+# (position [], tokens [batch, max_length + 1], state) -> (logits [batch, vocab] of
+# the token after `position`, state); tokens[:, 0] is <bos>.
+NextTokenLogits = Callable[[jax.Array, jax.Array, Any], tuple[jax.Array, Any]]
 
 
-def _greedy_loop(
-    next_token_logits, state, batch_size: int, *, max_length: int, bos_id: int, eos_id: int, pad_id: int
+def greedy_loop(
+    next_token_logits: NextTokenLogits,
+    state: Any,
+    finished: jax.Array,
+    *,
+    max_length: int,
+    bos_id: int,
+    eos_id: int,
+    pad_id: int,
 ) -> jax.Array:
     """Runs greedy steps until every row has emitted <eos> or max_length is reached.
 
     Args:
-      next_token_logits: (position, tokens [batch, max_length + 1], state) ->
-        (logits [batch, vocab], state); tokens[:, 0] is <bos>.
-      state: whatever next_token_logits carries (the cache, or nothing).
+        next_token_logits: the model's next-token logits given the tokens so far.
+        state: whatever next_token_logits carries (the cache, or nothing).
+        finished: [batch] bool, rows that need no decoding (all-padding filler rows):
+            they stay padding and do not hold up the early exit.
+        max_length, bos_id, eos_id, pad_id: as in `greedy_decode`.
 
     Returns:
-      [batch, max_length] int32 ids, padded after each row's first <eos>.
+        [batch, max_length] int32 ids, padded after each row's first <eos>.
     """
     # tokens[:, 0] is <bos>; tokens[:, i + 1] is the token generated at step i.
-    tokens = jnp.full((batch_size, max_length + 1), pad_id, jnp.int32).at[:, 0].set(bos_id)
-    finished = jnp.zeros((batch_size,), bool)
+    tokens = jnp.full((finished.shape[0], max_length + 1), pad_id, jnp.int32).at[:, 0].set(bos_id)
 
     def not_done(carry):
         position, _, finished, _ = carry
@@ -83,10 +93,10 @@ def greedy_decode(
         last = jax.lax.dynamic_slice_in_dim(tokens, position, 1, axis=1)  # [batch, 1]
         return model.apply(variables, inputs, last, position, cache, method=Transformer.decode_step)
 
-    return _greedy_loop(
+    return greedy_loop(
         next_token_logits,
         cache,
-        inputs.shape[0],
+        jnp.all(inputs == pad_id, axis=1),
         max_length=max_length,
         bos_id=bos_id,
         eos_id=eos_id,
@@ -109,15 +119,13 @@ def greedy_decode_uncached(
     encoded = model.apply(variables, inputs, method=Transformer.encode, deterministic=True)
 
     def next_token_logits(position, tokens, state):
-        logits = model.apply(
-            variables, encoded, inputs, tokens[:, :-1], method=Transformer.decode, deterministic=True
-        )
+        logits = model.apply(variables, encoded, inputs, tokens[:, :-1], method=Transformer.decode, deterministic=True)
         return jax.lax.dynamic_index_in_dim(logits, position, axis=1, keepdims=False), state
 
-    return _greedy_loop(
+    return greedy_loop(
         next_token_logits,
         (),
-        inputs.shape[0],
+        jnp.all(inputs == pad_id, axis=1),
         max_length=max_length,
         bos_id=bos_id,
         eos_id=eos_id,

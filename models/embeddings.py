@@ -80,14 +80,12 @@ class PositionalEncoding(nn.Module):
     def __call__(self, embeddings: Array, *, offset: Array | int = 0) -> Array:
         """Adds the encodings of positions offset .. offset + length - 1 to [batch, length, d_model]."""
         length, d_model = embeddings.shape[-2:]
+        if length > self.max_len or (isinstance(offset, int) and offset + length > self.max_len):
+            raise ValueError(f'Positions up to {offset + length} exceed max_len={self.max_len}.')
         if self.kind == 'sinusoidal':
             table = jnp.asarray(sinusoidal_positions(self.max_len, d_model))
         elif self.kind == 'learned':
-            table = self.param(
-                'embedding', nn.initializers.normal(stddev=0.02), (self.max_len, d_model), jnp.float32
-            )
+            table = self.param('embedding', nn.initializers.normal(stddev=0.02), (self.max_len, d_model), jnp.float32)
         else:
-            raise ValueError(
-                f"Unknown positional encoding {self.kind!r}; expected 'sinusoidal' or 'learned'."
-            )
+            raise ValueError(f"Unknown positional encoding {self.kind!r}; expected 'sinusoidal' or 'learned'.")
         return embeddings + jax.lax.dynamic_slice_in_dim(table, offset, length)[None]

@@ -44,7 +44,8 @@ def _matmul_einsum(subscripts: str, lhs: Array, rhs: Array) -> Array:
     contracting = [c for c in lhs_subscripts if c in rhs_subscripts and c not in out]
     lhs_free = [c for c in lhs_subscripts if c not in rhs_subscripts]
     rhs_free = [c for c in rhs_subscripts if c not in lhs_subscripts]
-    if [c for c in out if c not in batch] == rhs_free + lhs_free:  # Swap so the output needs no transpose.
+    # Swap the operands when that makes the output need no transpose.
+    if lhs_free and rhs_free and [c for c in out if c not in batch] == rhs_free + lhs_free:
         return _matmul_einsum(f'{rhs_subscripts},{lhs_subscripts}->{out}', rhs, lhs)
     lhs = _materialized_transpose(lhs, [lhs_subscripts.index(c) for c in batch + lhs_free + contracting])
     rhs = _materialized_transpose(rhs, [rhs_subscripts.index(c) for c in batch + contracting + rhs_free])
@@ -94,8 +95,9 @@ def float32_accumulating_einsum(subscripts: str, lhs: Array, rhs: Array, *, dtyp
 
     Subscripts must be explicit ('...->...') without ellipses.
     """
-    if dtype == jnp.float32:
-        return jnp.einsum(subscripts, lhs, rhs, preferred_element_type=jnp.float32)
+    if dtype == jnp.float32 or jax.default_backend() != 'cpu':
+        # GPU/TPU compilers pick fast layouts and mixed-precision gradients themselves.
+        return jnp.einsum(subscripts, lhs.astype(dtype), rhs.astype(dtype), preferred_element_type=jnp.float32)
     return _float32_output_einsum(subscripts, lhs.astype(dtype), rhs.astype(dtype))
 
 

@@ -108,9 +108,7 @@ class FeedForward(nn.Module):
 
 
 def _multi_head_attention(config: TransformerConfig) -> MultiHeadAttention:
-    return MultiHeadAttention(
-        config.num_heads, config.d_model, config.attention_dropout_rate, jnp.dtype(config.dtype)
-    )
+    return MultiHeadAttention(config.num_heads, config.d_model, config.attention_dropout_rate, jnp.dtype(config.dtype))
 
 
 def _layer_norm(name: str | None = None) -> nn.LayerNorm:
@@ -213,9 +211,16 @@ class DecoderLayer(nn.Module):
         """The cache before the first step: cross-attention keys/values of `encoded`, empty self-attention slots."""
         batch_size = encoded.shape[0]
         head_dim = self.config.d_model // self.config.num_heads
-        empty = jnp.zeros((batch_size, max_length, self.config.num_heads, head_dim), jnp.float32)
+        # Stored in the compute dtype: attention casts keys and values to it anyway.
+        dtype = jnp.dtype(self.config.dtype)
+        empty = jnp.zeros((batch_size, max_length, self.config.num_heads, head_dim), dtype)
         cross_key, cross_value = self.cross_attention.project_key_value(encoded)
-        return {'self_key': empty, 'self_value': empty, 'cross_key': cross_key, 'cross_value': cross_value}
+        return {
+            'self_key': empty,
+            'self_value': empty,
+            'cross_key': cross_key.astype(dtype),
+            'cross_value': cross_value.astype(dtype),
+        }
 
     def decode_step(
         self, x: Array, cache: LayerCache, position: Array, cross_attention_mask: Array
@@ -237,7 +242,9 @@ class DecoderLayer(nn.Module):
         def self_attend(h: Array) -> Array:
             key, value = self.self_attention.project_key_value(h)  # [batch, 1, heads, head_dim]
             for name, new in (('self_key', key), ('self_value', value)):
-                new_cache[name] = lax.dynamic_update_slice_in_dim(cache[name], new, position, axis=1)
+                new_cache[name] = lax.dynamic_update_slice_in_dim(
+                    cache[name], new.astype(cache[name].dtype), position, axis=1
+                )
             # Slots after `position` are still empty; the causal mask hides them.
             visible = jnp.arange(cache['self_key'].shape[1]) <= position
             return self.self_attention.attend(
@@ -368,8 +375,8 @@ class Transformer(nn.Module):
     """Encoder-decoder Transformer returning float32 next-token logits.
 
     Parameters live under 'shared_embedding' (tied) or 'source_embedding',
-    'target_embedding' and 'output_projection' (untied), then 'encoder/layer_{i}/...'
-    and 'decoder/layer_{i}/...'.
+    'target_embedding' and 'output_projection' (untied), then 'encoder/layers_{i}/...'
+    and 'decoder/layers_{i}/...'.
     """
 
     config: TransformerConfig

@@ -273,12 +273,7 @@ class _HelpPageParser(html.parser.HTMLParser):
                 self.buffer.append(" ")
             return
         elem_id = attrs.get("id")
-        if (
-            tag in CAPTURE_TAGS
-            and elem_id
-            and self.skip_depth == 0
-            and not elem_id.startswith(EXCLUDED_ID_PREFIXES)
-        ):
+        if tag in CAPTURE_TAGS and elem_id and self.skip_depth == 0 and not elem_id.startswith(EXCLUDED_ID_PREFIXES):
             self.capture_id = elem_id
             self.capture_level = len(self.stack)
             self.buffer = []
@@ -589,9 +584,7 @@ def render_readme(
         de_lines = [p[1] for p in splits[name]]
         all_en += en_lines
         all_de += de_lines
-        rows.append(
-            f"| {name} | {len(en_lines):,} | {mean_words(en_lines):.1f} | {mean_words(de_lines):.1f} |"
-        )
+        rows.append(f"| {name} | {len(en_lines):,} | {mean_words(en_lines):.1f} | {mean_words(de_lines):.1f} |")
     rows.append(f"| **all** | {len(all_en):,} | {mean_words(all_en):.1f} | {mean_words(all_de):.1f} |")
     dropped = ", ".join(
         f"{k}: {stats.get(k, 0):,}"

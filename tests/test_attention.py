@@ -113,10 +113,11 @@ def test_multi_head_attention_is_concatenated_heads_through_output_projection():
     x_q, x_kv = np.asarray(inputs_q), np.asarray(inputs_kv)
     heads = []
     for h in range(HEADS):  # head_h = Attention(x_q W_h^Q, x_kv W_h^K, x_kv W_h^V)
-        project = lambda x, name: (x @ p[name]['kernel'][:, h, :])[:, :, None, :]
-        head, _ = numpy_attention(
-            project(x_q, 'query'), project(x_kv, 'key'), project(x_kv, 'value'), np.asarray(mask)
-        )
+
+        def project(x, name):
+            return (x @ p[name]['kernel'][:, h, :])[:, :, None, :]
+
+        head, _ = numpy_attention(project(x_q, 'query'), project(x_kv, 'key'), project(x_kv, 'value'), np.asarray(mask))
         heads.append(head[:, :, 0, :])
     concatenated = np.concatenate(heads, axis=-1)  # [b, q, h * d]
     expected = concatenated @ p['output']['kernel'].reshape(HEADS * (32 // HEADS), 32)
@@ -147,6 +148,8 @@ def test_heads_are_independent():
         ('bqhd,bkhd->bhqk', (2, 3, 4, 8), (2, 5, 4, 8)),  # Attention logits.
         ('bhqk,bkhd->bqhd', (2, 4, 3, 5), (2, 5, 4, 8)),  # Attention output.
         ('bld,vd->blv', (2, 3, 8), (7, 8)),  # Tied output projection.
+        ('bk,bk->b', (3, 8), (3, 8)),  # No free dimension on either side.
+        ('bld,d->bl', (2, 3, 8), (8,)),  # No free dimension on the right.
     ],
 )
 def test_bfloat16_einsum_value_and_gradients_match_float32(subscripts, lhs_shape, rhs_shape):

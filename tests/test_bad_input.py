@@ -192,6 +192,8 @@ def test_tiny_config_is_valid():
         ({"dataset.bucket_boundaries": (32, 16, 32)}, r"config\.dataset\.bucket_boundaries"),
         ({"dataset.path": ""}, r"config\.dataset\.path is\s+empty"),
         ({"dataset.target_lang": "en"}, r"source_lang and target_lang are both 'en'"),
+        ({"eval.max_decode_length": 129}, r"config\.eval\.max_decode_length \(129\) exceeds config\.model\.max_len"),
+        ({"eval.num_bleu_sentences": -1}, r"config\.eval\.num_bleu_sentences must be >= 0"),
     ],
 )
 def test_validate_config_names_the_field(overrides, message):

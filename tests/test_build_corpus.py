@@ -190,7 +190,7 @@ def _read_lines(name):
 
 
 def test_shipped_corpus():
-    files = [f"{s}.{l}.gz" for s in bc.SPLITS for l in ("en", "de")]
+    files = [f"{split}.{lang}.gz" for split in bc.SPLITS for lang in ("en", "de")]
     for name in files + ["README.md", "LICENSE", "SHA256SUMS"]:
         assert os.path.isfile(os.path.join(DATA_DIR, name)), name
 

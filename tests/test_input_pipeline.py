@@ -199,12 +199,8 @@ def wmt_dataset(tmp_path, source_lang="en", target_lang="de"):
 
 def test_named_dataset_under_mock_data(tmp_path, wmt_metadata, offline):
     dataset = wmt_dataset(tmp_path)
-    with tfds.testing.mock_data(
-        num_examples=7, policy=tfds.testing.MockPolicy.USE_FILES, data_dir=wmt_metadata
-    ):
-        builder = datasets.make_builder(
-            dataset, str(tmp_path / "work"), required_splits=("train", "validation")
-        )
+    with tfds.testing.mock_data(num_examples=7, policy=tfds.testing.MockPolicy.USE_FILES, data_dir=wmt_metadata):
+        builder = datasets.make_builder(dataset, str(tmp_path / "work"), required_splits=("train", "validation"))
         pairs = datasets.load_text_pairs(builder, "train", "en", "de")
     assert builder.name == "wmt14_translate"
     assert len(pairs) == 7 and len(pairs.targets) == 7
@@ -229,9 +225,7 @@ def test_named_dataset_without_the_split(tmp_path, wmt_metadata, offline):
     dataset = wmt_dataset(tmp_path)
     with (
         tfds.testing.mock_data(policy=tfds.testing.MockPolicy.USE_FILES, data_dir=wmt_metadata),
-        pytest.raises(
-            UserInputError, match=r"has no split 'valid'; it has \['test', 'train', 'validation'\]"
-        ),
+        pytest.raises(UserInputError, match=r"has no split 'valid'; it has \['test', 'train', 'validation'\]"),
     ):
         datasets.make_builder(dataset, str(tmp_path / "work"), required_splits=("train", "valid"))
 
@@ -265,8 +259,7 @@ def test_tokenize_appends_eos_to_both_sides(tokenizer, corpus_slice):
             assert EOS_ID not in side[i][:-1] and PAD_ID not in side[i]
             assert side[i][:-1].tolist() == tokenizer.encode(text)
     assert ids.lengths.tolist() == [
-        max(len(tokenizer.encode(s)), len(tokenizer.encode(t))) + 1
-        for s, t in zip(pairs.sources, pairs.targets)
+        max(len(tokenizer.encode(s)), len(tokenizer.encode(t))) + 1 for s, t in zip(pairs.sources, pairs.targets)
     ]
 
 
@@ -374,12 +367,12 @@ def test_train_batches_are_padded_to_their_bucket(pairs, batch_sizes):
                 assert np.all(row[len(ids) :] == PAD_ID)
         # The smallest bucket that holds the batch's longest pair.
         assert lengths[expected].max() > ([0] + list(BOUNDARIES))[BOUNDARIES.index(length)]
-    assert batches.state == IteratorState(1, len(epoch1))
+    assert (batches.state.epoch, batches.state.batch) == (1, len(epoch1))
 
 
 def test_train_batches_needs_one_full_batch():
     twenty = {length: 20 for length in BOUNDARIES}
-    with pytest.raises(ValueError, match=r"lower the batch size"):
+    with pytest.raises(UserInputError, match=r"lower config.per_device_batch_size"):
         TrainBatches(random_pairs(19, 32), BOUNDARIES, twenty, seed=0)
     assert next(TrainBatches(random_pairs(20, 8), BOUNDARIES, twenty, seed=0))["inputs"].shape == (20, 8)
 
@@ -404,9 +397,9 @@ def test_restored_train_batches_continue_exactly(pairs, batch_sizes):
     # The epoch boundary: after a whole epoch the state still points into epoch 0.
     interrupted = TrainBatches(pairs, BOUNDARIES, batch_sizes, seed=7)
     take(interrupted, epoch_length)
-    assert interrupted.state == IteratorState(0, epoch_length)
+    assert (interrupted.state.epoch, interrupted.state.batch) == (0, epoch_length)
     next(interrupted)
-    assert interrupted.state == IteratorState(1, 1)
+    assert (interrupted.state.epoch, interrupted.state.batch) == (1, 1)
 
 
 def test_eval_batches_yield_every_pair_once(batch_sizes):
@@ -426,3 +419,10 @@ def test_eval_batches_yield_every_pair_once(batch_sizes):
         seen.extend(indices.tolist())
     assert sorted(seen) == list(range(len(pairs)))
     assert len(seen) == len(pairs)
+
+
+def test_tokenizer_too_large_for_its_corpus_is_a_user_error(tmp_path):
+    sentences = ["a small corpus", "with few distinct pieces"] * 10
+    with pytest.raises(UserInputError, match=r"config\.tokenizer\.vocab_size"):
+        train_tokenizer(sentences, str(tmp_path / "tokenizer.model"), vocab_size=5000)
+    assert not os.listdir(tmp_path)  # Nothing half-written.

@@ -59,7 +59,10 @@ def test_decoder_is_causal(tiny):
 def test_extra_source_padding_changes_nothing(tiny):
     model, params = tiny
     padded_inputs = jnp.pad(INPUTS, ((0, 0), (0, 4)))  # Four more pad tokens.
-    encode = lambda x: model.apply({'params': params}, x, method=Transformer.encode, deterministic=True)
+
+    def encode(x):
+        return model.apply({'params': params}, x, method=Transformer.encode, deterministic=True)
+
     encoded, padded_encoded = encode(INPUTS), encode(padded_inputs)
     valid = np.asarray(INPUTS != 0)
     np.testing.assert_allclose(padded_encoded[:, :6][valid], encoded[valid], rtol=1e-5, atol=1e-5)
@@ -76,19 +79,18 @@ def test_call_equals_encode_then_decode(tiny):
     decoded = model.apply(
         variables, encoded, INPUTS, shift_right(TARGETS, 2), method=Transformer.decode, deterministic=True
     )
-    np.testing.assert_allclose(
-        decoded, model.apply(variables, INPUTS, TARGETS, deterministic=True), rtol=1e-6
-    )
+    np.testing.assert_allclose(decoded, model.apply(variables, INPUTS, TARGETS, deterministic=True), rtol=1e-6)
 
 
 def test_dropout_is_active_only_when_not_deterministic(tiny):
     model, params = tiny
     train_apply = jax.jit(
-        lambda rng: model.apply(
-            {'params': params}, INPUTS, TARGETS, deterministic=False, rngs={'dropout': rng}
-        )
+        lambda rng: model.apply({'params': params}, INPUTS, TARGETS, deterministic=False, rngs={'dropout': rng})
     )
-    run = lambda seed: train_apply(jax.random.key(seed))
+
+    def run(seed):
+        return train_apply(jax.random.key(seed))
+
     assert np.abs(run(1) - run(2)).max() > 1e-3
     np.testing.assert_array_equal(run(1), run(1))
 
@@ -104,16 +106,12 @@ def test_variants_run_with_expected_params(norm_placement, tie_embeddings, posit
         positional_encoding=positional_encoding,
     )
     model, params = init(config)
-    logits = model.apply(
-        {'params': params}, INPUTS, TARGETS, deterministic=False, rngs={'dropout': jax.random.key(1)}
-    )
+    logits = model.apply({'params': params}, INPUTS, TARGETS, deterministic=False, rngs={'dropout': jax.random.key(1)})
     assert logits.shape == (2, 5, 50) and logits.dtype == jnp.float32
     assert np.all(np.isfinite(logits))
 
     embeddings = (
-        {'shared_embedding'}
-        if tie_embeddings
-        else {'source_embedding', 'target_embedding', 'output_projection'}
+        {'shared_embedding'} if tie_embeddings else {'source_embedding', 'target_embedding', 'output_projection'}
     )
     assert set(params) == {'encoder', 'decoder'} | embeddings
     assert ('final_norm' in params['encoder']) == (norm_placement == 'pre')
@@ -156,6 +154,8 @@ def test_bfloat16_computes_float32_logits_with_float32_params(tiny):
     assert logits_16.dtype == jnp.float32
     np.testing.assert_allclose(logits_16, logits_32, atol=0.1)  # Same function, bf16 rounding.
 
-    loss = lambda p: model_16.apply({'params': p}, INPUTS, TARGETS, deterministic=True).mean()
+    def loss(p):
+        return model_16.apply({'params': p}, INPUTS, TARGETS, deterministic=True).mean()
+
     grads = jax.jit(jax.grad(loss))(params)
     assert all(g.dtype == jnp.float32 and np.all(np.isfinite(g)) for g in jax.tree_util.tree_leaves(grads))

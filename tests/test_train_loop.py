@@ -10,25 +10,23 @@ import numpy as np
 import pytest
 from conftest import REPO_ROOT, tiny_config
 
+from input_pipeline.tokenizer import load_tokenizer
 from training import loop, sharding
 from training.checkpointing import Checkpointer
 from training.optimizer import make_optimizer
-from training.state import create_train_state, make_model
+from training.state import make_model
 
 pytestmark = pytest.mark.slow
 
 
 def _restore(config, workdir, step):
-    from input_pipeline.tokenizer import load_tokenizer
-
     vocab_size = load_tokenizer(os.path.join(workdir, "tokenizer.model")).vocab_size()
     model = make_model(config, vocab_size)
     tx, _ = make_optimizer(config.optimizer)
-    like = jax.eval_shape(lambda: create_train_state(model, tx, config.seed))
     checkpointer = Checkpointer(workdir, read_only=True)
-    state, data_state = checkpointer.restore(step, sharding.abstract_like(like, sharding.make_mesh()))
+    restored = loop.restore_checkpoint(checkpointer, step, config, model, tx, sharding.make_mesh())
     checkpointer.close()
-    return state, data_state
+    return restored
 
 
 def test_resumed_training_equals_uninterrupted_training(small_corpus, tmp_path):

@@ -25,9 +25,7 @@ def test_smoothed_cross_entropy_is_kl_to_smoothed_targets():
     actual = smoothed_cross_entropy(jnp.asarray(logits), jnp.asarray(targets), smoothing)
     np.testing.assert_allclose(actual, expected_kl, rtol=1e-5, atol=1e-6)
     # A prediction equal to the smoothed targets scores zero.
-    np.testing.assert_allclose(
-        smoothed_cross_entropy(jnp.log(jnp.asarray(soft)), targets, smoothing), 0, atol=1e-5
-    )
+    np.testing.assert_allclose(smoothed_cross_entropy(jnp.log(jnp.asarray(soft)), targets, smoothing), 0, atol=1e-5)
 
 
 def test_rsqrt_schedule_warms_up_linearly_then_decays_as_inverse_sqrt():
@@ -43,18 +41,14 @@ def _setup(**model_overrides):
     config = default.get_config()
     config.dataset.max_length = 16
     config.eval.max_decode_length = 16
-    model_config = dict(
-        d_model=32, num_heads=4, d_ff=64, num_layers=2, dropout_rate=0.0, norm_placement="pre"
-    )
+    model_config = dict(d_model=32, num_heads=4, d_ff=64, num_layers=2, dropout_rate=0.0, norm_placement="pre")
     model_config.update(model_overrides)
     config.model.update(model_config)
     config.optimizer.update(peak_learning_rate=3e-3, warmup_steps=10)
     model = make_model(config, vocab_size=24)
     tx, schedule = make_optimizer(config.optimizer)
     state = create_train_state(model, tx, seed=0)
-    step = jax.jit(
-        functools.partial(train_step, model=model, tx=tx, learning_rate_fn=schedule, label_smoothing=0.0)
-    )
+    step = jax.jit(functools.partial(train_step, model=model, tx=tx, learning_rate_fn=schedule, label_smoothing=0.0))
     return model, state, step
 
 
@@ -103,6 +97,4 @@ def test_padding_rows_carry_no_loss_and_no_gradient():
     state_a, metrics_a = step(state, batch, rng)
     state_b, metrics_b = step(state, padded, rng)
     np.testing.assert_allclose(metrics_a["loss"], metrics_b["loss"], rtol=1e-5)
-    jax.tree.map(
-        lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6), state_a.params, state_b.params
-    )
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6), state_a.params, state_b.params)

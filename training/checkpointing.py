@@ -61,15 +61,12 @@ class Checkpointer:
         """
         if step not in self._manager.all_steps():
             raise UserInputError(
-                f"No checkpoint for step {step} in {self.directory}; it has steps "
-                f"{self.all_steps() or 'none'}."
+                f"No checkpoint for step {step} in {self.directory}; it has steps {self.all_steps() or 'none'}."
             )
         try:
             restored = self._manager.restore(
                 step,
-                args=ocp.args.Composite(
-                    state=ocp.args.StandardRestore(abstract_state), data=ocp.args.JsonRestore()
-                ),
+                args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract_state), data=ocp.args.JsonRestore()),
             )
         except (ValueError, KeyError, TypeError) as e:
             raise UserInputError(

@@ -20,13 +20,11 @@ from training.checkpointing import Checkpointer, checkpoint_dir
 from training.errors import UserInputError
 from training.metrics_writer import MetricWriter
 from training.optimizer import make_optimizer
-from training.state import create_train_state, make_model
+from training.state import TrainState, create_train_state, make_model
 from training.steps import eval_step, jit_train_step
 
 
-def batch_sizes(
-    config: ml_collections.ConfigDict, per_device: int, mesh: jax.sharding.Mesh
-) -> dict[int, int]:
+def batch_sizes(config: ml_collections.ConfigDict, per_device: int, mesh: jax.sharding.Mesh) -> dict[int, int]:
     """Bucket batch sizes carrying per_device * devices * max_length tokens each."""
     tokens = per_device * mesh.size * config.dataset.max_length
     return batching.bucket_batch_sizes(config.dataset.bucket_boundaries, tokens, mesh.size)
@@ -73,12 +71,12 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
     model = make_model(config, corpus.tokenizer.vocab_size())
     tx, learning_rate_fn = make_optimizer(config.optimizer)
     checkpointer = Checkpointer(workdir, keep=config.keep_checkpoints)
-    state = create_train_state(model, tx, config.seed)
-    data_state = batching.IteratorState()
     if (latest := checkpointer.latest_step()) is not None:
-        state, data_state = checkpointer.restore(latest, sharding.abstract_like(state, mesh))
-        logging.info("Resumed from step %d (data %s).", latest, data_state)
-    state = sharding.replicate(state, mesh)
+        state, data_state = restore_checkpoint(checkpointer, latest, config, model, tx, mesh)
+        logging.info("Resumed from step %d (data position %s).", latest, data_state)
+    else:
+        state = sharding.replicate(create_train_state(model, tx, config.seed), mesh)
+        data_state = batching.IteratorState()
 
     train_batches = batching.TrainBatches(
         corpus.ids[dataset.train_split],
@@ -87,9 +85,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
         config.seed,
         data_state,
     )
-    compiled_train_step = jit_train_step(
-        model, tx, learning_rate_fn, label_smoothing=config.optimizer.label_smoothing
-    )
+    compiled_train_step = jit_train_step(model, tx, learning_rate_fn, label_smoothing=config.optimizer.label_smoothing)
     setup = _eval_setup(config, model, corpus.tokenizer, mesh)
     bleu_text, bleu_ids = _head(
         corpus.text[dataset.valid_split], corpus.ids[dataset.valid_split], config.eval.num_bleu_sentences
@@ -115,17 +111,17 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
         if step % config.log_every_steps == 0 or last:
             summary = _summarize(jax.device_get(pending), time.perf_counter() - interval_start)
             train_writer.write(step, summary)
-            progress.set_postfix(
-                loss=f"{summary['loss']:.3f}", tok_s=f"{summary['target_tokens_per_second']:.0f}"
-            )
+            progress.set_postfix(loss=f"{summary['loss']:.3f}", tok_s=f"{summary['target_tokens_per_second']:.0f}")
             pending, interval_start = [], time.perf_counter()
         if step % config.eval_every_steps == 0 or last:
+            jax.block_until_ready(state)  # Steps still running count as training time.
+            eval_start = time.perf_counter()
             valid = evaluation.loss_metrics(setup, state.params, corpus.ids[dataset.valid_split])
             if config.eval.num_bleu_sentences:
                 hypotheses = evaluation.translate(setup, state.params, bleu_ids)
                 valid["bleu"], _ = evaluation.bleu(hypotheses, bleu_text.targets)
             valid_writer.write(step, valid)
-            interval_start = time.perf_counter()  # Evaluation is not training time.
+            interval_start += time.perf_counter() - eval_start  # Evaluation is not training time.
         if step % config.checkpoint_every_steps == 0 or last:
             checkpointer.save(state, train_batches.state)
     progress.close()
@@ -148,13 +144,26 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
     return scores
 
 
+def restore_checkpoint(
+    checkpointer: Checkpointer,
+    step: int,
+    config: ml_collections.ConfigDict,
+    model,
+    tx,
+    mesh: jax.sharding.Mesh,
+) -> tuple[TrainState, batching.IteratorState]:
+    """The train state and data position saved at `step`, replicated on `mesh`.
+
+    `model`, `tx` and the config's seed give the state's structure, without computing it.
+    """
+    like = jax.eval_shape(lambda: create_train_state(model, tx, config.seed))
+    return checkpointer.restore(step, sharding.abstract_like(like, mesh))
+
+
 def _summarize(metrics: list[dict[str, np.ndarray]], seconds: float) -> dict[str, float]:
     """Means over an interval's steps (token-weighted), and target tokens/s."""
     tokens = np.array([m["tokens"] for m in metrics], np.float64)
-    summary = {
-        key: float(np.average([m[key] for m in metrics], weights=tokens))
-        for key in ("loss", "nll", "accuracy")
-    }
+    summary = {key: float(np.average([m[key] for m in metrics], weights=tokens)) for key in ("loss", "nll", "accuracy")}
     summary["learning_rate"] = float(metrics[-1]["learning_rate"])
     summary["grad_norm"] = float(np.mean([m["grad_norm"] for m in metrics]))
     summary["steps_per_second"] = len(metrics) / seconds
@@ -174,9 +183,7 @@ def _log_scores(scores: dict) -> None:
     )
 
 
-def evaluate_checkpoint(
-    config: ml_collections.ConfigDict, workdir: str, checkpoint_step: int | None = None
-) -> dict:
+def evaluate_checkpoint(config: ml_collections.ConfigDict, workdir: str, checkpoint_step: int | None = None) -> dict:
     """Evaluates a checkpoint of `workdir` (the latest by default) on config.eval.split.
 
     Raises:
@@ -186,20 +193,18 @@ def evaluate_checkpoint(
     directory = checkpoint_dir(workdir)
     if not os.path.isdir(directory) or not os.listdir(directory):
         raise UserInputError(
-            f"No checkpoints in {directory}: train first, e.g. `python train.py "
-            f"--config=... --workdir={workdir}`."
+            f"No checkpoints in {directory}: train first, e.g. `python train.py --config=... --workdir={workdir}`."
         )
     checkpointer = Checkpointer(workdir, read_only=True)
     step = checkpoint_step if checkpoint_step is not None else checkpointer.latest_step()
     if step is None:
-        raise UserInputError(f"No complete checkpoint in {directory}.")
+        raise UserInputError(f"No complete checkpoint in {directory}; train first.")
     split = config.eval.split
     corpus: Corpus = load_corpus(config, workdir, (split,), allow_training_tokenizer=False)
     mesh = sharding.make_mesh()
     model = make_model(config, corpus.tokenizer.vocab_size())
     tx, _ = make_optimizer(config.optimizer)
-    like = jax.eval_shape(lambda: create_train_state(model, tx, config.seed))
-    state, _ = checkpointer.restore(step, sharding.abstract_like(like, mesh))
+    state, _ = restore_checkpoint(checkpointer, step, config, model, tx, mesh)
     scores = evaluation.evaluate_split(
         _eval_setup(config, model, corpus.tokenizer, mesh),
         state.params,

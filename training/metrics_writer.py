@@ -11,9 +11,7 @@ class MetricWriter:
     """Writes scalar metrics under <workdir>/tensorboard/<name>."""
 
     def __init__(self, workdir: str, name: str):
-        self._writer = (
-            SummaryWriter(os.path.join(workdir, "tensorboard", name)) if jax.process_index() == 0 else None
-        )
+        self._writer = SummaryWriter(os.path.join(workdir, "tensorboard", name)) if jax.process_index() == 0 else None
         self._name = name
 
     def write(self, step: int, metrics: dict[str, float]) -> None:

@@ -31,16 +31,12 @@ def make_model(config: ml_collections.ConfigDict, vocab_size: int) -> Transforme
             d_model=model.d_model,
             num_heads=model.num_heads,
             d_ff=model.d_ff,
-            num_encoder_layers=(
-                model.num_encoder_layers if model.num_encoder_layers > 0 else model.num_layers
-            ),
-            num_decoder_layers=(
-                model.num_decoder_layers if model.num_decoder_layers > 0 else model.num_layers
-            ),
+            num_encoder_layers=(model.num_encoder_layers if model.num_encoder_layers > 0 else model.num_layers),
+            num_decoder_layers=(model.num_decoder_layers if model.num_decoder_layers > 0 else model.num_layers),
             dropout_rate=model.dropout_rate,
             attention_dropout_rate=model.attention_dropout_rate,
             positional_encoding=model.positional_encoding,
-            max_len=max(config.dataset.max_length, config.eval.max_decode_length),
+            max_len=model.max_len,
             norm_placement=model.norm_placement,
             tie_embeddings=model.tie_embeddings,
             dtype=model.dtype,
