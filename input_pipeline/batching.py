@@ -199,8 +199,8 @@ def eval_batches(
     Pairs longer than the last bucket are truncated to it (the caller warns).
 
     Yields:
-      (batch, indices): the padded batch and the pair index of each of its
-      first len(indices) rows.
+        (batch, indices): the padded batch and the pair index of each of its
+        first len(indices) rows.
     """
     lengths = np.minimum(pairs.lengths, boundaries[-1])
     order = np.argsort(lengths, kind="stable")

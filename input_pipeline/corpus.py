@@ -36,8 +36,8 @@ def load_corpus(
     the same subwords.
 
     Raises:
-      UserInputError: bad dataset (see datasets.make_builder), or no tokenizer
-        in the workdir when one may not be trained.
+        UserInputError: bad dataset (see datasets.make_builder), or no tokenizer
+            in the workdir when one may not be trained.
     """
     dataset = config.dataset
     tokenizer_path = os.path.join(workdir, TOKENIZER_FILE)

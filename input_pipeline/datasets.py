@@ -33,8 +33,8 @@ def make_builder(
     """The TFDS builder named by `dataset`, prepared and checked.
 
     Raises:
-      UserInputError: unknown dataset, bad local files, missing languages or
-        splits, or a named dataset that is not prepared and cannot be fetched.
+        UserInputError: unknown dataset, bad local files, missing languages or
+            splits, or a named dataset that is not prepared and cannot be fetched.
     """
     if dataset.name == LOCAL_DATASET:
         builder = ParallelText(

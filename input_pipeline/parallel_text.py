@@ -37,7 +37,7 @@ def read_lines(path: str) -> list[str]:
     """Reads a UTF-8 text file (gzipped if it ends in .gz) into lines.
 
     Raises:
-      UserInputError: if a line is not valid UTF-8, naming the line.
+        UserInputError: if a line is not valid UTF-8, naming the line.
     """
     opener = gzip.open if path.endswith(".gz") else open
     with opener(path, "rb") as f:
@@ -69,16 +69,16 @@ def check_parallel_files(
     """Checks the aligned files of every split present in `folder`.
 
     Args:
-      folder: the dataset folder.
-      source_lang, target_lang: file suffixes, e.g. 'en' and 'de'.
-      required_splits: splits that must be present (e.g. ('train', 'valid')).
+        folder: the dataset folder.
+        source_lang, target_lang: file suffixes, e.g. 'en' and 'de'.
+        required_splits: splits that must be present (e.g. ('train', 'valid')).
 
     Returns:
-      {split: SplitFiles} for every split with both files present.
+        {split: SplitFiles} for every split with both files present.
 
     Raises:
-      UserInputError: the folder or a required file is missing, a file is empty
-        or not UTF-8, or the two sides of a split differ in line count.
+        UserInputError: the folder or a required file is missing, a file is empty
+            or not UTF-8, or the two sides of a split differ in line count.
     """
     if not os.path.isdir(folder):
         raise UserInputError(

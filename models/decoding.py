@@ -75,15 +75,15 @@ def greedy_decode(
     """Translates a batch by picking the most likely token at every step.
 
     Args:
-      params: the model parameters.
-      inputs: [batch, src_len] int32 source ids, pad_id-padded.
-      model: the Transformer.
-      max_length: the most tokens to generate (static).
-      bos_id, eos_id, pad_id: special ids.
+        params: the model parameters.
+        inputs: [batch, src_len] int32 source ids, pad_id-padded.
+        model: the Transformer.
+        max_length: the most tokens to generate (static).
+        bos_id, eos_id, pad_id: special ids.
 
     Returns:
-      [batch, max_length] int32 output ids: each row ends at its first <eos>
-      (included) and is padded after it.
+        [batch, max_length] int32 output ids: each row ends at its first <eos>
+        (included) and is padded after it.
     """
     variables = {"params": params}
     encoded = model.apply(variables, inputs, method=Transformer.encode, deterministic=True)

@@ -52,12 +52,12 @@ class Checkpointer:
         """Restores `step` into the structure, shapes and shardings of `abstract_state`.
 
         Args:
-          step: the checkpoint's step.
-          abstract_state: a TrainState of jax.ShapeDtypeStructs with shardings.
+            step: the checkpoint's step.
+            abstract_state: a TrainState of jax.ShapeDtypeStructs with shardings.
 
         Raises:
-          UserInputError: the step does not exist, or the checkpoint does not fit
-            the model the config describes.
+            UserInputError: the step does not exist, or the checkpoint does not fit
+                the model the config describes.
         """
         if step not in self._manager.all_steps():
             raise UserInputError(

@@ -62,7 +62,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
     """Trains (resuming from the workdir's latest checkpoint), then evaluates config.eval.split.
 
     Returns:
-      The evaluation scores (also in <workdir>/eval/<split>/scores.json).
+        The evaluation scores (also in <workdir>/eval/<split>/scores.json).
     """
     dataset = config.dataset
     splits = tuple(dict.fromkeys((dataset.train_split, dataset.valid_split, config.eval.split)))
@@ -187,8 +187,8 @@ def evaluate_checkpoint(config: ml_collections.ConfigDict, workdir: str, checkpo
     """Evaluates a checkpoint of `workdir` (the latest by default) on config.eval.split.
 
     Raises:
-      UserInputError: the workdir holds no checkpoint (nothing is written then),
-        or the checkpoint does not fit the config's model.
+        UserInputError: the workdir holds no checkpoint (nothing is written then),
+            or the checkpoint does not fit the config's model.
     """
     directory = checkpoint_dir(workdir)
     if not os.path.isdir(directory) or not os.listdir(directory):

@@ -27,12 +27,12 @@ def smoothed_cross_entropy(logits: jax.Array, targets: jax.Array, label_smoothin
     a perfect prediction score 0 (it is the KL divergence), whatever the smoothing.
 
     Args:
-      logits: [batch, length, vocab] float32.
-      targets: [batch, length] int32 token ids.
-      label_smoothing: in [0, 1).
+        logits: [batch, length, vocab] float32.
+        targets: [batch, length] int32 token ids.
+        label_smoothing: in [0, 1).
 
     Returns:
-      [batch, length] float32 losses.
+        [batch, length] float32 losses.
     """
     vocab_size = logits.shape[-1]
     confidence = 1.0 - label_smoothing
@@ -69,16 +69,16 @@ def train_step(
     """One optimizer update on a batch, with teacher forcing.
 
     Args:
-      state: the current TrainState.
-      batch: 'inputs' (source) and 'targets' (target), [batch, length] int32,
-        0-padded, each sentence ending with <eos>.
-      rng: the dropout key of this step.
-      model, tx, learning_rate_fn, label_smoothing: static; bind with
-        functools.partial before jitting.
+        state: the current TrainState.
+        batch: 'inputs' (source) and 'targets' (target), [batch, length] int32,
+            0-padded, each sentence ending with <eos>.
+        rng: the dropout key of this step.
+        model, tx, learning_rate_fn, label_smoothing: static; bind with
+            functools.partial before jitting.
 
     Returns:
-      The new state and per-batch metrics: mean 'loss', 'nll' and 'accuracy' over
-      target tokens, 'tokens', 'learning_rate' and the gradient's 'grad_norm'.
+        The new state and per-batch metrics: mean 'loss', 'nll' and 'accuracy' over
+        target tokens, 'tokens', 'learning_rate' and the gradient's 'grad_norm'.
     """
 
     def loss_fn(params):
