@@ -88,3 +88,9 @@ def test_cli_trains_then_evaluates_a_checkpoint(small_corpus, tmp_path):
         references = f.read().splitlines()
     with open(os.path.join(out_dir, "references.txt"), encoding="utf-8") as f:
         assert f.read().splitlines() == references
+
+    mismatched = _run_cli(*common, "--config.model.num_layers=2", "--config.model.d_model=64", "--mode=eval")
+    assert mismatched.returncode == 2
+    last_line = mismatched.stderr.strip().splitlines()[-1]
+    assert last_line.startswith("error: The checkpoint at step 4") and "does not fit the model" in last_line
+    assert "Traceback" not in mismatched.stderr

@@ -20,7 +20,7 @@ from training.checkpointing import Checkpointer, checkpoint_dir
 from training.errors import UserInputError
 from training.metrics_writer import MetricWriter
 from training.optimizer import make_optimizer
-from training.state import TrainState, create_train_state, make_model
+from training.state import TrainState, create_train_state, init_params, make_model
 from training.steps import eval_step, jit_train_step
 
 
@@ -203,11 +203,11 @@ def evaluate_checkpoint(config: ml_collections.ConfigDict, workdir: str, checkpo
     corpus: Corpus = load_corpus(config, workdir, (split,), allow_training_tokenizer=False)
     mesh = sharding.make_mesh()
     model = make_model(config, corpus.tokenizer.vocab_size())
-    tx, _ = make_optimizer(config.optimizer)
-    state, _ = restore_checkpoint(checkpointer, step, config, model, tx, mesh)
+    abstract_params = jax.eval_shape(lambda: init_params(model, jax.random.PRNGKey(0)))
+    params = checkpointer.restore_params(step, sharding.abstract_like(abstract_params, mesh))
     scores = evaluation.evaluate_split(
         _eval_setup(config, model, corpus.tokenizer, mesh),
-        state.params,
+        params,
         step,
         split,
         corpus.text[split],
