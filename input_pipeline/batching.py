@@ -159,12 +159,12 @@ class TrainBatches(Iterator[dict[str, np.ndarray]]):
         self._batch_sizes = batch_sizes
         self._seed = seed
         self._order = _order_fingerprint(self._lengths, self._boundaries, batch_sizes, seed)
-        if not epoch_batches(self._lengths, self._boundaries, batch_sizes, seed, 0):
+        self.state = state
+        if not self._batches:  # Every epoch has as many batches: none, ever.
             raise UserInputError(
                 f"{len(pairs)} training pairs do not fill one batch of any length bucket "
                 f"(batch sizes {batch_sizes}); lower config.per_device_batch_size."
             )
-        self.state = state
 
     @property
     def state(self) -> IteratorState:

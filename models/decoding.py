@@ -2,8 +2,8 @@
 
 The encoder runs once per batch, cross-attention keys/values are computed once
 per sentence, and each step runs the decoder for one new position only
-(`Transformer.decode_step`). `greedy_decode_uncached` reruns the decoder over
-the whole prefix at every step: the reference the cached path is tested and
+(`Transformer.decode_step`). With `use_cache=False` the decoder reruns over the
+whole prefix at every step: the reference the cached path is tested and
 benchmarked against.
 """
 
@@ -71,6 +71,7 @@ def greedy_decode(
     bos_id: int,
     eos_id: int,
     pad_id: int = 0,
+    use_cache: bool = True,
 ) -> jax.Array:
     """Translates a batch by picking the most likely token at every step.
 
@@ -80,6 +81,9 @@ def greedy_decode(
         model: the Transformer.
         max_length: the most tokens to generate (static).
         bos_id, eos_id, pad_id: special ids.
+        use_cache: run the decoder for the new position only, on cached keys and
+            values (the default); False reruns it on the whole prefix at every step,
+            the reference the cache is tested and benchmarked against.
 
     Returns:
         [batch, max_length] int32 output ids: each row ends at its first <eos>
@@ -87,44 +91,23 @@ def greedy_decode(
     """
     variables = {"params": params}
     encoded = model.apply(variables, inputs, method=Transformer.encode, deterministic=True)
-    cache = model.apply(variables, encoded, max_length, method=Transformer.init_cache)
 
-    def next_token_logits(position, tokens, cache):
+    def cached_logits(position, tokens, cache):
         last = jax.lax.dynamic_slice_in_dim(tokens, position, 1, axis=1)  # [batch, 1]
         return model.apply(variables, inputs, last, position, cache, method=Transformer.decode_step)
 
-    return greedy_loop(
-        next_token_logits,
-        cache,
-        jnp.all(inputs == pad_id, axis=1),
-        max_length=max_length,
-        bos_id=bos_id,
-        eos_id=eos_id,
-        pad_id=pad_id,
-    )
-
-
-def greedy_decode_uncached(
-    params,
-    inputs: jax.Array,
-    *,
-    model: Transformer,
-    max_length: int,
-    bos_id: int,
-    eos_id: int,
-    pad_id: int = 0,
-) -> jax.Array:
-    """`greedy_decode` without the cache: each step reruns the decoder on the whole prefix."""
-    variables = {"params": params}
-    encoded = model.apply(variables, inputs, method=Transformer.encode, deterministic=True)
-
-    def next_token_logits(position, tokens, state):
+    def uncached_logits(position, tokens, state):
         logits = model.apply(variables, encoded, inputs, tokens[:, :-1], method=Transformer.decode, deterministic=True)
         return jax.lax.dynamic_index_in_dim(logits, position, axis=1, keepdims=False), state
 
+    if use_cache:
+        next_token_logits = cached_logits
+        state = model.apply(variables, encoded, max_length, method=Transformer.init_cache)
+    else:
+        next_token_logits, state = uncached_logits, ()
     return greedy_loop(
         next_token_logits,
-        (),
+        state,
         jnp.all(inputs == pad_id, axis=1),
         max_length=max_length,
         bos_id=bos_id,

@@ -48,12 +48,13 @@ def small_corpus(tmp_path_factory) -> str:
     return write_corpus_slice(folder, {"train": 1500, "valid": 40, "test": 40})
 
 
-def tiny_config(corpus_dir: str, **overrides):
-    """configs/tiny.py pointed at `corpus_dir`, with dotted-name overrides."""
+def tiny_config(corpus_dir: str | None = None, **overrides):
+    """configs/tiny.py (pointed at `corpus_dir` if given), with dotted-name overrides."""
     from configs import tiny
 
     config = tiny.get_config()
-    config.dataset.path = corpus_dir
+    if corpus_dir is not None:
+        config.dataset.path = corpus_dir
     for name, value in overrides.items():
         node = config
         *parents, leaf = name.split(".")

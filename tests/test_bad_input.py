@@ -13,6 +13,7 @@ import sys
 import pytest
 from conftest import BUNDLED_CORPUS as CORPUS
 from conftest import REPO_ROOT as ROOT
+from conftest import tiny_config
 
 from configs import tiny
 from configs.validation import validate_config
@@ -155,17 +156,6 @@ def test_missing_dataset_folder(tmp_path):
 
 
 # --- Bad configs, function level --------------------------------------------------------------------------
-
-
-def tiny_config(**overrides):
-    config = tiny.get_config()
-    for dotted, value in overrides.items():
-        *parents, field = dotted.split(".")
-        holder = config
-        for parent in parents:
-            holder = holder[parent]
-        holder[field] = value
-    return config
 
 
 def test_tiny_config_is_valid():

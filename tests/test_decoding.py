@@ -10,7 +10,7 @@ import pytest
 from conftest import TINY_MODEL
 
 from models import Transformer
-from models.decoding import greedy_decode, greedy_decode_uncached, greedy_loop
+from models.decoding import greedy_decode, greedy_loop
 
 BOS, EOS, PAD = 2, 3, 0
 
@@ -60,7 +60,7 @@ def test_cached_greedy_equals_uncached_greedy(dtype):
     params = jax.tree.map(lambda x: 5.0 * x, params)
     kwargs = dict(model=model, max_length=10, bos_id=BOS, eos_id=EOS)
     cached = jax.jit(functools.partial(greedy_decode, **kwargs))(params, inputs)
-    uncached = jax.jit(functools.partial(greedy_decode_uncached, **kwargs))(params, inputs)
+    uncached = jax.jit(functools.partial(greedy_decode, use_cache=False, **kwargs))(params, inputs)
     assert cached.shape == (3, 10)
     assert len(np.unique(np.asarray(cached))) >= 5, cached  # Not one token repeated.
     np.testing.assert_array_equal(cached, uncached)

@@ -19,12 +19,29 @@ from training.state import TrainState
 Batch = dict[str, jax.Array]  # 'inputs', 'targets': [batch, length] int32
 
 
-def smoothed_cross_entropy(logits: jax.Array, targets: jax.Array, label_smoothing: float) -> jax.Array:
-    """Per-token cross-entropy against label-smoothed targets, minus its minimum.
+def _token_losses(logits: jax.Array, targets: jax.Array, label_smoothing: float) -> tuple[jax.Array, jax.Array]:
+    """Per-token NLL and label-smoothed loss, [batch, length] each, from one log-softmax.
 
-    The true token gets 1 - label_smoothing and every other token an equal share
-    of label_smoothing. Subtracting the entropy of that target distribution makes
-    a perfect prediction score 0 (it is the KL divergence), whatever the smoothing.
+    The smoothed target gives the true token 1 - label_smoothing and every other
+    token label_smoothing / (vocab - 1); its cross-entropy is
+    (confidence - low) * nll - low * sum(log_probs), with no [batch, length, vocab]
+    one-hot built. Subtracting the entropy of the target distribution makes a
+    perfect prediction score 0 (the loss is the KL divergence), whatever the smoothing.
+    """
+    log_probs = jax.nn.log_softmax(logits, axis=-1)
+    nll = -jnp.take_along_axis(log_probs, targets[..., None], axis=-1)[..., 0]
+    if label_smoothing == 0:
+        return nll, nll
+    vocab_size = logits.shape[-1]
+    confidence = 1.0 - label_smoothing
+    low = label_smoothing / (vocab_size - 1)
+    minimum = -(confidence * jnp.log(confidence) + (vocab_size - 1) * low * jnp.log(low))
+    smoothed = (confidence - low) * nll - low * jnp.sum(log_probs, axis=-1) - minimum
+    return nll, smoothed
+
+
+def smoothed_cross_entropy(logits: jax.Array, targets: jax.Array, label_smoothing: float) -> jax.Array:
+    """Per-token KL divergence from the label-smoothed targets to the prediction.
 
     Args:
         logits: [batch, length, vocab] float32.
@@ -32,21 +49,15 @@ def smoothed_cross_entropy(logits: jax.Array, targets: jax.Array, label_smoothin
         label_smoothing: in [0, 1).
 
     Returns:
-        [batch, length] float32 losses.
+        [batch, length] float32 losses; 0 for a prediction equal to the smoothed targets.
     """
-    vocab_size = logits.shape[-1]
-    confidence = 1.0 - label_smoothing
-    low = label_smoothing / (vocab_size - 1)
-    soft_targets = jax.nn.one_hot(targets, vocab_size) * (confidence - low) + low
-    minimum = -(confidence * jnp.log(confidence) + (vocab_size - 1) * low * jnp.log(low + 1e-20))
-    return optax.softmax_cross_entropy(logits, soft_targets) - minimum
+    return _token_losses(logits, targets, label_smoothing)[1]
 
 
 def token_metrics(logits: jax.Array, targets: jax.Array, label_smoothing: float) -> dict[str, jax.Array]:
     """Sums over non-padding tokens: 'loss' (smoothed), 'nll', 'correct', 'tokens'."""
     weights = (targets != PAD_ID).astype(jnp.float32)
-    nll = optax.softmax_cross_entropy_with_integer_labels(logits, targets)
-    loss = smoothed_cross_entropy(logits, targets, label_smoothing) if label_smoothing > 0 else nll
+    nll, loss = _token_losses(logits, targets, label_smoothing)
     correct = (jnp.argmax(logits, axis=-1) == targets).astype(jnp.float32)
     return {
         "loss": jnp.sum(loss * weights),
