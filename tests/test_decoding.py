@@ -1,7 +1,8 @@
-"""Cached greedy decoding: equal to the full decoder, stops at <eos>, pads after it."""
+"""Decoding: the cache equals the full decoder; greedy, sampling and beam search behave as specified."""
 
 import dataclasses
 import functools
+import itertools
 
 import jax
 import jax.numpy as jnp
@@ -10,15 +11,25 @@ import pytest
 from conftest import TINY_MODEL
 
 from models import Transformer
-from models.decoding import greedy_decode, greedy_loop
+from models.decoding import (
+    NEG_INF,
+    argmax_token,
+    beam_search,
+    beam_search_loop,
+    greedy_decode,
+    length_penalty,
+    sample_decode,
+    sampled_token,
+    search_loop,
+)
 
 BOS, EOS, PAD = 2, 3, 0
 
 
-def _model(dtype="float32", norm_placement="pre", positional_encoding="sinusoidal"):
+def _model(dtype="float32", norm_placement="pre", positional_encoding="sinusoidal", vocab_size=40):
     config = dataclasses.replace(
         TINY_MODEL,
-        vocab_size=40,
+        vocab_size=vocab_size,
         max_len=32,
         norm_placement=norm_placement,
         positional_encoding=positional_encoding,
@@ -26,7 +37,7 @@ def _model(dtype="float32", norm_placement="pre", positional_encoding="sinusoida
     )
     model = Transformer(config)
     rng = np.random.default_rng(0)
-    inputs = jnp.asarray(rng.integers(4, 40, (3, 9)), jnp.int32).at[1, 6:].set(PAD)
+    inputs = jnp.asarray(rng.integers(4, vocab_size, (3, 9)), jnp.int32).at[1, 6:].set(PAD)
     params = model.init(jax.random.PRNGKey(1), inputs, inputs, deterministic=True)["params"]
     return model, params, inputs
 
@@ -73,27 +84,221 @@ def test_all_padding_rows_stay_padding():
     np.testing.assert_array_equal(out[2], np.zeros(6))
 
 
-def test_greedy_loop_stops_at_eos_and_pads_after_it():
+def _scripted_model(probabilities_by_step):
+    """Next-token logits from a table: row t gives the distribution of the token at step t.
+
+    probabilities_by_step: {step: {token: probability}}; other tokens get almost nothing.
+    """
+    table = np.full((max(probabilities_by_step) + 1, 20), -30.0, np.float32)
+    for step, probabilities in probabilities_by_step.items():
+        for token, p in probabilities.items():
+            table[step, token] = np.log(p)
+    table = jnp.asarray(table)
+
+    def next_token_logits(position, tokens, state):
+        row = table[jnp.minimum(position, table.shape[0] - 1)]
+        return jnp.broadcast_to(row, (tokens.shape[0], row.shape[0])), state
+
+    return next_token_logits
+
+
+def _search(next_token_logits, choose=argmax_token, rows=2, max_length=6, rng=None, finished=None):
+    finished = jnp.zeros(rows, bool) if finished is None else finished
+    rng = jax.random.PRNGKey(0) if rng is None else rng
+    return jax.jit(
+        lambda: search_loop(
+            next_token_logits, choose, (), finished, rng, max_length=max_length, bos_id=BOS, eos_id=EOS, pad_id=PAD
+        )
+    )()
+
+
+def test_search_loop_stops_at_eos_and_pads_after_it():
     # Row 0 says 5, 6, <eos>, then would go on with 7; row 1 never ends.
     script = jnp.array([[5, 6, EOS, 7, 7, 7], [8, 9, 10, 11, 12, 13]])
 
-    def next_token_logits(position, tokens, calls):
-        return jax.nn.one_hot(script[:, position], 20) * 10.0, calls + 1
+    def next_token_logits(position, tokens, state):
+        return jax.nn.one_hot(script[:, position], 20) * 10.0, state
 
-    out = jax.jit(
-        lambda: greedy_loop(next_token_logits, 0, jnp.zeros(2, bool), max_length=6, bos_id=BOS, eos_id=EOS, pad_id=PAD)
-    )()
-    np.testing.assert_array_equal(out, [[5, 6, EOS, PAD, PAD, PAD], [8, 9, 10, 11, 12, 13]])
+    np.testing.assert_array_equal(_search(next_token_logits), [[5, 6, EOS, PAD, PAD, PAD], [8, 9, 10, 11, 12, 13]])
 
 
-def test_greedy_loop_exits_early_once_every_row_has_finished():
+def test_search_loop_exits_early_once_every_row_has_finished():
     steps_run = []
 
     def next_token_logits(position, tokens, state):
         jax.debug.callback(lambda p: steps_run.append(int(p)), position)
-        return jax.nn.one_hot(jnp.full((2,), EOS), 20) * jnp.where(position >= 1, 10.0, 0.0), state
+        return _scripted_model({0: {5: 0.9}, 1: {EOS: 0.9}})(position, tokens, state)
 
-    greedy_loop(next_token_logits, (), jnp.zeros(2, bool), max_length=8, bos_id=BOS, eos_id=EOS, pad_id=PAD)
+    out = search_loop(
+        next_token_logits, argmax_token, (), jnp.zeros(2, bool), jax.random.PRNGKey(0), max_length=8, **_IDS
+    )
     jax.effects_barrier()
-    # Step 0 emits token 0 (all-zero logits), step 1 emits <eos> for both rows: two steps of eight.
-    assert steps_run == [0, 1]
+    assert steps_run == [0, 1]  # Two steps of eight.
+    np.testing.assert_array_equal(out[:, :3], [[5, EOS, PAD]] * 2)
+
+
+def test_pad_and_bos_are_never_generated():
+    # The script makes <pad> and <bos> the most likely tokens; decoding must skip them.
+    out = _search(_scripted_model({0: {PAD: 0.5, BOS: 0.3, 7: 0.2}, 1: {PAD: 0.6, EOS: 0.4}}))
+    np.testing.assert_array_equal(out[:, :3], [[7, EOS, PAD]] * 2)
+
+
+_IDS = dict(bos_id=BOS, eos_id=EOS, pad_id=PAD)
+
+
+# --------------------------------------------------------------------------- #
+# Sampling.
+# --------------------------------------------------------------------------- #
+
+
+@pytest.mark.parametrize(
+    "temperature, top_k, expected_share_of_5",
+    [
+        (1.0, 0, 0.7),
+        (2.0, 0, 0.7**0.5 / (0.7**0.5 + 0.3**0.5)),  # p ** (1 / T), renormalised.
+        (0.5, 0, 0.7**2 / (0.7**2 + 0.3**2)),
+        (1.0, 1, 1.0),  # Only the most likely token is left.
+    ],
+)
+def test_sampling_follows_the_tempered_distribution(temperature, top_k, expected_share_of_5):
+    rows = 4000
+    out = _search(_scripted_model({0: {5: 0.7, 6: 0.3}, 1: {EOS: 1.0}}), sampled_token(temperature, top_k), rows=rows)
+    share = float(np.mean(np.asarray(out[:, 0]) == 5))
+    assert abs(share - expected_share_of_5) < 0.025, share
+    assert set(np.unique(np.asarray(out[:, 0]))) <= {5, 6}
+    np.testing.assert_array_equal(out[:, 1], EOS)
+
+
+def test_sampling_is_reproducible_and_depends_on_the_key():
+    model, params, inputs = _model()
+    params = jax.tree.map(lambda x: 3.0 * x, params)
+    sample = jax.jit(functools.partial(sample_decode, model=model, max_length=10, temperature=1.0, **_IDS))
+    a, b = sample(params, inputs, jax.random.PRNGKey(7)), sample(params, inputs, jax.random.PRNGKey(7))
+    np.testing.assert_array_equal(a, b)
+    c = sample(params, inputs, jax.random.PRNGKey(8))
+    assert not np.array_equal(a, c)
+    # A near-zero temperature is greedy.
+    cold = jax.jit(functools.partial(sample_decode, model=model, max_length=10, temperature=1e-4, **_IDS))
+    greedy = greedy_decode(params, inputs, model=model, max_length=10, **_IDS)
+    np.testing.assert_array_equal(cold(params, inputs, jax.random.PRNGKey(7)), greedy)
+
+
+# --------------------------------------------------------------------------- #
+# Beam search.
+# --------------------------------------------------------------------------- #
+
+
+def _beam(next_token_logits, *, beam_size, alpha, max_length=6, skip=None, state=()):
+    skip = jnp.zeros(1, bool) if skip is None else skip
+    return jax.jit(
+        lambda: beam_search_loop(
+            next_token_logits, state, skip, beam_size=beam_size, alpha=alpha, max_length=max_length, **_IDS
+        )
+    )()
+
+
+def test_length_penalty_is_gnmt():
+    np.testing.assert_allclose(length_penalty(jnp.array([1, 7]), 0.6), [1.0, 2.0**0.6], rtol=1e-6)
+    np.testing.assert_allclose(length_penalty(jnp.array([1, 7]), 0.0), [1.0, 1.0])
+
+
+@pytest.mark.parametrize("alpha, winner", [(0.0, "short"), (1.0, "long")])
+def test_length_penalty_changes_the_choice_as_the_formula_says(alpha, winner):
+    # short = [<eos>]: log 0.5. long = [5, <eos>]: log 0.5 + log 0.95, lower by 0.05,
+    # but its length penalty (7/6)^alpha divides it by more: with alpha = 1 it wins.
+    tokens, scores = _beam(_scripted_model({0: {EOS: 0.5, 5: 0.5}, 1: {EOS: 0.95, 6: 0.05}}), beam_size=2, alpha=alpha)
+    short, long = np.log(0.5), np.log(0.5) + np.log(0.95)
+    expected = {"short": ([EOS, PAD, PAD], short), "long": ([5, EOS, PAD], long / (7 / 6) ** alpha)}
+    best_tokens, best_score = expected[winner]
+    np.testing.assert_array_equal(tokens[0, 0, :3], best_tokens)
+    np.testing.assert_allclose(scores[0, 0], best_score, rtol=1e-4)
+    assert scores[0, 0] >= scores[0, 1]
+
+
+def test_beam_search_exits_early_and_pads_after_eos():
+    steps_run = []
+    scripted = _scripted_model({0: {5: 0.6, 6: 0.4}, 1: {EOS: 0.9, 7: 0.1}})
+
+    def next_token_logits(position, tokens, state):
+        jax.debug.callback(lambda p: steps_run.append(int(p)), position)
+        return scripted(position, tokens, state)
+
+    tokens, _ = beam_search_loop(
+        next_token_logits, (), jnp.zeros(1, bool), beam_size=2, alpha=0.6, max_length=12, **_IDS
+    )
+    jax.effects_barrier()
+    np.testing.assert_array_equal(tokens[0, :, :4], [[5, EOS, PAD, PAD], [6, EOS, PAD, PAD]])
+    assert len(steps_run) < 12, steps_run  # No live hypothesis can beat the two finished ones.
+
+
+def test_beam_search_finds_the_exhaustive_best():
+    """With a beam wider than the search space, beam search ranks every hypothesis as enumeration does."""
+    model, params, inputs = _model(vocab_size=6)
+    params = jax.tree.map(lambda x: 4.0 * x, params)  # Peaked, source-dependent distributions.
+    inputs = inputs[:2]
+    max_length, alpha = 3, 0.6
+    tokens, scores = jax.jit(
+        functools.partial(beam_search, model=model, beam_size=64, alpha=alpha, max_length=max_length, **_IDS),
+        static_argnames=("return_all",),
+    )(params, inputs, return_all=True)
+
+    # Every output the model can produce: up to max_length tokens of {1, 3, 4, 5}
+    # (never <pad> or <bos>), ending at the first <eos> or at max_length.
+    variables = {"params": params}
+    encoded = model.apply(variables, inputs, method=Transformer.encode, deterministic=True)
+    hypotheses = [list(h) for n in range(1, max_length + 1) for h in itertools.product((1, EOS, 4, 5), repeat=n)]
+    hypotheses = [h for h in hypotheses if EOS not in h[:-1] and (h[-1] == EOS or len(h) == max_length)]
+    # Score them all with the full decoder, in one batch per source.
+    decoder_inputs = jnp.array([[BOS, *h[:-1]] + [PAD] * (max_length - len(h)) for h in hypotheses], jnp.int32)
+    for row in range(2):
+        logits = model.apply(
+            variables,
+            jnp.repeat(encoded[row : row + 1], len(hypotheses), axis=0),
+            jnp.repeat(inputs[row : row + 1], len(hypotheses), axis=0),
+            decoder_inputs,
+            method=Transformer.decode,
+            deterministic=True,
+        )
+        log_probs = np.asarray(jax.nn.log_softmax(logits.at[:, :, jnp.array([BOS, PAD])].set(NEG_INF)))
+        expected = [
+            (sum(log_probs[i, t, token] for t, token in enumerate(h)) / float(length_penalty(len(h), alpha)), h)
+            for i, h in enumerate(hypotheses)
+        ]
+        expected.sort(reverse=True)
+        found = [
+            (float(s), [t for t in np.asarray(tokens[row, j]).tolist() if t != PAD]) for j, s in enumerate(scores[row])
+        ]
+        assert found[0][1] == expected[0][1]
+        np.testing.assert_allclose([s for s, _ in found[: len(expected)]], [s for s, _ in expected], rtol=1e-5)
+        assert [h for _, h in found[: len(expected)]] == [h for _, h in expected]
+        assert all(s <= NEG_INF / 2 for s, _ in found[len(expected) :])
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_beam_size_one_equals_greedy(dtype):
+    model, params, inputs = _model(dtype=dtype)
+    params = jax.tree.map(lambda x: 5.0 * x, params)
+    beam = jax.jit(functools.partial(beam_search, model=model, beam_size=1, alpha=0.0, max_length=10, **_IDS))
+    greedy = jax.jit(functools.partial(greedy_decode, model=model, max_length=10, **_IDS))
+    np.testing.assert_array_equal(beam(params, inputs), greedy(params, inputs))
+
+
+def test_cached_beam_search_equals_uncached():
+    model, params, inputs = _model()
+    params = jax.tree.map(lambda x: 5.0 * x, params)
+    kwargs = dict(model=model, beam_size=4, alpha=0.6, max_length=10, return_all=True, **_IDS)
+    cached_tokens, cached_scores = jax.jit(functools.partial(beam_search, **kwargs))(params, inputs)
+    uncached_tokens, uncached_scores = jax.jit(functools.partial(beam_search, use_cache=False, **kwargs))(
+        params, inputs
+    )
+    assert len(np.unique(np.asarray(cached_tokens))) >= 5
+    np.testing.assert_array_equal(cached_tokens, uncached_tokens)
+    np.testing.assert_allclose(cached_scores, uncached_scores, rtol=1e-5)
+
+
+def test_beam_search_leaves_padding_rows_as_padding():
+    model, params, inputs = _model()
+    inputs = inputs.at[2].set(PAD)
+    out = beam_search(params, inputs, model=model, beam_size=3, alpha=0.6, max_length=6, **_IDS)
+    np.testing.assert_array_equal(out[2], np.zeros(6))
+    assert np.all(np.asarray(out[:2, 0]) != PAD)
