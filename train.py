@@ -1,7 +1,7 @@
 r"""Trains or evaluates the Transformer.
 
   python train.py --config=configs/quickstart.py --workdir=runs/quickstart
-  python train.py --config=configs/quickstart.py --workdir=runs/quickstart --mode=eval
+  python train.py --config=configs/quickstart.py --workdir=runs/quickstart --mode=eval --checkpoint=best
 
 Any config field can be overridden, e.g. --config.model.num_layers=2.
 """
@@ -24,8 +24,14 @@ _MODE = flags.DEFINE_enum(
     ["train", "eval"],
     "train: train (resuming), then evaluate config.eval.split; eval: evaluate a checkpoint.",
 )
-_CHECKPOINT_STEP = flags.DEFINE_integer(
-    "checkpoint_step", None, "With --mode=eval: the step to evaluate (default: latest)."
+_CHECKPOINT = flags.DEFINE_string(
+    "checkpoint",
+    "latest",
+    "With --mode=eval: the parameters to evaluate. latest; best (the highest validation BLEU during training); "
+    "average:N (the mean of the last N checkpoints); or a step number.",
+)
+_SAVE_AVERAGE = flags.DEFINE_bool(
+    "save_average", False, "With --mode=eval --checkpoint=average:N: also save the mean in <workdir>/averaged/."
 )
 flags.mark_flags_as_required(["config", "workdir"])
 
@@ -78,7 +84,7 @@ def main(argv):
         if _MODE.value == "train":
             loop.train_and_evaluate(config, _WORKDIR.value)
         else:
-            loop.evaluate_checkpoint(config, _WORKDIR.value, _CHECKPOINT_STEP.value)
+            loop.evaluate_checkpoint(config, _WORKDIR.value, _CHECKPOINT.value, save_average=_SAVE_AVERAGE.value)
     except UserInputError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)

@@ -90,6 +90,14 @@ def get_config() -> ml_collections.ConfigDict:
     # during training (0: skip it).
     eval_config.num_bleu_sentences = 512
     eval_config.max_decode_length = 256
-    eval_config.per_device_batch_size = 32
+    eval_config.per_device_batch_size = 32  # Sentences; beam search decodes beam_size hypotheses each.
+    # Decoding for evaluation and translate.py. beam_size 1 is greedy; the paper uses
+    # beam 4 with length penalty alpha 0.6: score = log P / ((5 + length) / 6) ** alpha.
+    eval_config.beam_size = 1
+    eval_config.length_penalty = 0.6
+    # > 0 samples each token from softmax(logits / temperature) instead of searching
+    # (needs beam_size 1); top_k > 0 samples among the k most likely tokens only.
+    eval_config.temperature = 0.0
+    eval_config.top_k = 0
 
     return config

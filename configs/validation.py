@@ -28,6 +28,7 @@ _POSITIVE = (
     "optimizer.peak_learning_rate",
     "eval.max_decode_length",
     "eval.per_device_batch_size",
+    "eval.beam_size",
 )
 
 
@@ -73,6 +74,7 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
                 f"config.{field} ({_get(config, field)}) exceeds config.model.max_len "
                 f"({model.max_len}), the number of positions the model encodes; raise max_len."
             )
+    _validate_decoding(config.eval)
     if config.eval.num_bleu_sentences < 0:
         raise UserInputError("config.eval.num_bleu_sentences must be >= 0 (0 skips the BLEU check).")
 
@@ -97,3 +99,19 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
         raise UserInputError(
             f"config.dataset.source_lang and target_lang are both {config.dataset.source_lang!r}; they must differ."
         )
+
+
+def _validate_decoding(eval_config: ml_collections.ConfigDict) -> None:
+    if eval_config.length_penalty < 0:
+        raise UserInputError(
+            f"config.eval.length_penalty is {eval_config.length_penalty}; it must be >= 0 (0 ranks by probability)."
+        )
+    if eval_config.temperature < 0 or eval_config.top_k < 0:
+        raise UserInputError("config.eval.temperature and config.eval.top_k must be >= 0 (0 turns each off).")
+    if eval_config.temperature > 0 and eval_config.beam_size > 1:
+        raise UserInputError(
+            f"config.eval.temperature is {eval_config.temperature} (sampling) but config.eval.beam_size is "
+            f"{eval_config.beam_size}; sample with beam_size 1, or search with temperature 0."
+        )
+    if eval_config.top_k > 0 and eval_config.temperature == 0:
+        raise UserInputError("config.eval.top_k applies to sampling only; set config.eval.temperature > 0 too.")

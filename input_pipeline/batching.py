@@ -93,17 +93,25 @@ def bucket_of(lengths: np.ndarray, boundaries: Sequence[int]) -> np.ndarray:
     return np.searchsorted(np.asarray(boundaries), lengths, side="left")
 
 
-def pad_batch(pairs: ParallelIds, indices: np.ndarray, length: int, batch_size: int) -> dict[str, np.ndarray]:
-    """Pads the pairs at `indices` into {'inputs', 'targets'}: [batch_size, length] int32.
+def pad_ids(side: RaggedIds, indices: np.ndarray, length: int, batch_size: int) -> np.ndarray:
+    """Pads (or truncates) the sequences at `indices` into [batch_size, length] int32.
 
-    Rows past len(indices) are all padding (they carry no loss weight).
+    Rows past len(indices) are all padding: filler rows that carry no loss weight and
+    that decoding skips.
     """
-    batch = {key: np.full((batch_size, length), PAD_ID, np.int32) for key in ("inputs", "targets")}
+    padded = np.full((batch_size, length), PAD_ID, np.int32)
     for row, index in enumerate(indices):
-        for key, side in (("inputs", pairs.sources), ("targets", pairs.targets)):
-            ids = side[index][:length]
-            batch[key][row, : len(ids)] = ids
-    return batch
+        ids = side[index][:length]
+        padded[row, : len(ids)] = ids
+    return padded
+
+
+def pad_batch(pairs: ParallelIds, indices: np.ndarray, length: int, batch_size: int) -> dict[str, np.ndarray]:
+    """Pads the pairs at `indices` into {'inputs', 'targets'}: [batch_size, length] int32 each."""
+    return {
+        "inputs": pad_ids(pairs.sources, indices, length, batch_size),
+        "targets": pad_ids(pairs.targets, indices, length, batch_size),
+    }
 
 
 def epoch_batches(
@@ -191,10 +199,30 @@ class TrainBatches(Iterator[dict[str, np.ndarray]]):
         return pad_batch(self._pairs, indices, length, len(indices))
 
 
+def length_sorted_batches(
+    lengths: np.ndarray, boundaries: Sequence[int], batch_sizes: dict[int, int]
+) -> Iterator[tuple[int, np.ndarray]]:
+    """Every example exactly once, shortest first, in batches of its bucket's size.
+
+    Examples longer than the last bucket go into it (and are truncated by the caller).
+
+    Yields:
+        (bucket length, example indices); the last batch of a bucket may be short.
+    """
+    lengths = np.minimum(lengths, boundaries[-1])
+    order = np.argsort(lengths, kind="stable")
+    buckets = bucket_of(lengths[order], boundaries)
+    for bucket, length in enumerate(boundaries):
+        members = order[buckets == bucket]
+        size = batch_sizes[length]
+        for start in range(0, len(members), size):
+            yield length, members[start : start + size]
+
+
 def eval_batches(
     pairs: ParallelIds, boundaries: Sequence[int], batch_sizes: dict[int, int]
 ) -> Iterator[tuple[dict[str, np.ndarray], np.ndarray]]:
-    """Every pair exactly once, in length-sorted batches padded to full size.
+    """Every pair exactly once, in batches bucketed by the longer side and padded to full size.
 
     Pairs longer than the last bucket are truncated to it (the caller warns).
 
@@ -202,12 +230,20 @@ def eval_batches(
         (batch, indices): the padded batch and the pair index of each of its
         first len(indices) rows.
     """
-    lengths = np.minimum(pairs.lengths, boundaries[-1])
-    order = np.argsort(lengths, kind="stable")
-    buckets = bucket_of(lengths[order], boundaries)
-    for bucket, length in enumerate(boundaries):
-        members = order[buckets == bucket]
-        size = batch_sizes[length]
-        for start in range(0, len(members), size):
-            indices = members[start : start + size]
-            yield pad_batch(pairs, indices, length, size), indices
+    for length, indices in length_sorted_batches(pairs.lengths, boundaries, batch_sizes):
+        yield pad_batch(pairs, indices, length, batch_sizes[length]), indices
+
+
+def source_batches(
+    sources: RaggedIds, boundaries: Sequence[int], batch_sizes: dict[int, int]
+) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """Every source exactly once, bucketed by its own length: the batches to translate.
+
+    Sources longer than the last bucket are truncated to it (the caller warns).
+
+    Yields:
+        (inputs [batch_size, length] int32, the source index of each of its first
+        len(indices) rows).
+    """
+    for length, indices in length_sorted_batches(sources.lengths, boundaries, batch_sizes):
+        yield pad_ids(sources, indices, length, batch_sizes[length]), indices

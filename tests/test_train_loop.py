@@ -29,6 +29,13 @@ def _restore(config, workdir, step):
     return restored
 
 
+def _best(workdir):
+    checkpointer = Checkpointer(workdir, read_only=True)
+    best = checkpointer.best()
+    checkpointer.close()
+    return best
+
+
 def test_resumed_training_equals_uninterrupted_training(small_corpus, tmp_path):
     overrides = {"eval.num_bleu_sentences": 4, "eval.split": "valid"}
     straight = str(tmp_path / "straight")
@@ -50,6 +57,8 @@ def test_resumed_training_equals_uninterrupted_training(small_corpus, tmp_path):
     with open(os.path.join(resumed, "eval", "valid", "scores.json")) as f:
         resumed_scores = json.load(f)
     assert straight_scores == resumed_scores
+    # The best-BLEU checkpoint is chosen the same, across the restart.
+    assert _best(straight) is not None and _best(straight) == _best(resumed)
 
 
 def _run_cli(*args):
@@ -73,12 +82,12 @@ def test_cli_trains_then_evaluates_a_checkpoint(small_corpus, tmp_path):
     assert os.path.exists(os.path.join(workdir, "tokenizer.model"))
     assert os.listdir(os.path.join(workdir, "tensorboard", "train"))
 
-    evaluated = _run_cli(*common, "--config.model.num_layers=2", "--mode=eval", "--checkpoint_step=3")
+    evaluated = _run_cli(*common, "--config.model.num_layers=2", "--mode=eval", "--checkpoint=3")
     assert evaluated.returncode == 0, evaluated.stderr[-3000:]
     out_dir = os.path.join(workdir, "eval", "test")
     with open(os.path.join(out_dir, "scores.json")) as f:
         scores = json.load(f)
-    assert scores["step"] == 3 and scores["split"] == "test"
+    assert scores["step"] == 3 and scores["split"] == "test" and scores["checkpoint"] == "step 3"
     assert {"bleu", "signature", "loss", "perplexity"} <= set(scores)
     assert scores["signature"].startswith("nrefs:1|case:mixed")
     for name in ("hypotheses.txt", "references.txt"):

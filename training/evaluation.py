@@ -1,11 +1,13 @@
-"""Validation loss, greedy translation and sacreBLEU on a split."""
+"""Validation loss, translation (greedy, beam search or sampling), sacreBLEU and chrF on a split."""
 
 import dataclasses
+import functools
 import json
 import os
 from collections.abc import Callable, Sequence
 
 import jax
+import ml_collections
 import numpy as np
 import sacrebleu
 import sentencepiece as spm
@@ -13,10 +15,45 @@ from absl import logging
 
 from input_pipeline import batching
 from input_pipeline.datasets import TextPairs
+from input_pipeline.tokenizer import BOS_ID, EOS_ID, PAD_ID
+from models import Transformer
+from models.decoding import beam_search, greedy_decode, sample_decode
 from training.sharding import shard_batch
 
 EvalFn = Callable  # (params, batch) -> {'nll', 'correct', 'tokens'} sums
-DecodeFn = Callable  # (params, inputs, max_length) -> [batch, max_length] ids
+DecodeFn = Callable  # (params, inputs, rng, max_length=) -> [batch, max_length] ids
+
+
+def make_decode_fn(model: Transformer, eval_config: ml_collections.ConfigDict) -> DecodeFn:
+    """The jitted decoding config.eval asks for: greedy (beam_size 1), beam search, or sampling (temperature > 0)."""
+    special = dict(bos_id=BOS_ID, eos_id=EOS_ID, pad_id=PAD_ID)
+    if eval_config.temperature > 0:
+        decode = functools.partial(
+            sample_decode, model=model, temperature=eval_config.temperature, top_k=eval_config.top_k, **special
+        )
+    else:
+        if eval_config.beam_size > 1:
+            search = functools.partial(
+                beam_search, model=model, beam_size=eval_config.beam_size, alpha=eval_config.length_penalty, **special
+            )
+        else:
+            search = functools.partial(greedy_decode, model=model, **special)
+
+        def decode(params, inputs, rng, *, max_length):
+            del rng  # Search is deterministic.
+            return search(params, inputs, max_length=max_length)
+
+    return jax.jit(decode, static_argnames=("max_length",))
+
+
+def describe_decoding(eval_config: ml_collections.ConfigDict) -> str:
+    """'greedy', 'beam 4, alpha 0.6' or 'sampling, temperature 0.8, top-k 40': for scores and logs."""
+    if eval_config.temperature > 0:
+        top_k = f", top-k {eval_config.top_k}" if eval_config.top_k else ""
+        return f"sampling, temperature {eval_config.temperature:g}{top_k}"
+    if eval_config.beam_size > 1:
+        return f"beam {eval_config.beam_size}, alpha {eval_config.length_penalty:g}"
+    return "greedy"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -30,6 +67,8 @@ class EvalSetup:
     boundaries: Sequence[int]
     batch_sizes: dict[int, int]
     max_decode_length: int
+    decoding: str = "greedy"  # As `describe_decoding` puts it.
+    seed: int = 0  # Sampling's randomness: batch i uses fold_in(PRNGKey(seed), i).
 
 
 def loss_metrics(setup: EvalSetup, params, pairs: batching.ParallelIds) -> dict[str, float]:
@@ -53,19 +92,29 @@ def decode_length(source_length: int, max_decode_length: int) -> int:
     return min(max_decode_length, 2 * source_length + 8)
 
 
-def translate(setup: EvalSetup, params, pairs: batching.ParallelIds) -> list[str]:
-    """Greedy translations of every source in `pairs`, in their order, detokenized."""
-    hypotheses = [""] * len(pairs)
-    for batch, indices in batching.eval_batches(pairs, setup.boundaries, setup.batch_sizes):
-        inputs = shard_batch({"inputs": batch["inputs"]}, setup.mesh)["inputs"]
-        max_length = decode_length(batch["inputs"].shape[1], setup.max_decode_length)
-        outputs = np.asarray(setup.decode_fn(params, inputs, max_length=max_length))
+def translate_ids(setup: EvalSetup, params, sources: batching.RaggedIds) -> list[list[int]]:
+    """Output ids of every source, in their order, each cut before its first <eos>.
+
+    Sources are batched by their own length; those longer than the last bucket are
+    truncated to it (callers warn).
+    """
+    outputs = [[] for _ in range(len(sources))]
+    base_rng = jax.random.PRNGKey(setup.seed)
+    batches = batching.source_batches(sources, setup.boundaries, setup.batch_sizes)
+    for batch_index, (inputs, indices) in enumerate(batches):
+        max_length = decode_length(inputs.shape[1], setup.max_decode_length)
+        sharded = shard_batch({"inputs": inputs}, setup.mesh)["inputs"]
+        rng = jax.random.fold_in(base_rng, batch_index)
+        decoded = np.asarray(setup.decode_fn(params, sharded, rng, max_length=max_length))
         for row, index in enumerate(indices):
-            ids = outputs[row].tolist()
-            if setup.tokenizer.eos_id() in ids:
-                ids = ids[: ids.index(setup.tokenizer.eos_id())]
-            hypotheses[index] = setup.tokenizer.decode(ids)
-    return hypotheses
+            ids = decoded[row].tolist()
+            outputs[index] = ids[: ids.index(EOS_ID)] if EOS_ID in ids else ids
+    return outputs
+
+
+def translate(setup: EvalSetup, params, pairs: batching.ParallelIds) -> list[str]:
+    """Detokenized translations of every source in `pairs`, in their order."""
+    return [setup.tokenizer.decode(ids) for ids in translate_ids(setup, params, pairs.sources)]
 
 
 def bleu(hypotheses: list[str], references: list[str]) -> tuple[float, str]:
@@ -75,13 +124,37 @@ def bleu(hypotheses: list[str], references: list[str]) -> tuple[float, str]:
     return score.score, str(metric.get_signature())
 
 
-def evaluate_split(
-    setup: EvalSetup, params, step: int, split: str, text: TextPairs, ids: batching.ParallelIds, out_dir: str
-) -> dict:
-    """Loss, perplexity and BLEU on a split; writes scores, hypotheses and references.
+def chrf(hypotheses: list[str], references: list[str]) -> tuple[float, str]:
+    """Corpus chrF (character n-gram F-score, sacreBLEU's defaults) and its signature."""
+    metric = sacrebleu.metrics.CHRF()
+    score = metric.corpus_score(hypotheses, [references])
+    return score.score, str(metric.get_signature())
 
-    Files in `out_dir`: scores.json, hypotheses.txt and references.txt (one line
-    per pair, in the split's order).
+
+def evaluate_split(
+    setup: EvalSetup,
+    params,
+    step: int,
+    split: str,
+    text: TextPairs,
+    ids: batching.ParallelIds,
+    out_dir: str,
+    checkpoint: str,
+) -> tuple[dict, list[str]]:
+    """Loss, perplexity, BLEU and chrF on a split; writes scores, hypotheses and references.
+
+    Args:
+        setup: decoding, batching and the tokenizer.
+        params: the parameters to evaluate.
+        step: the training step they stand for.
+        split: the split's name, for the scores and logs.
+        text, ids: the split as text (references) and as subword ids.
+        out_dir: where to write scores.json, hypotheses.txt and references.txt (one
+            line per pair, in the split's order).
+        checkpoint: which parameters these are ('step 800', 'average of steps ...').
+
+    Returns:
+        The scores (as in scores.json) and the hypotheses.
     """
     truncated = int(np.sum(ids.sources.lengths > setup.boundaries[-1]))
     if truncated:
@@ -91,14 +164,21 @@ def evaluate_split(
             truncated,
             setup.boundaries[-1],
         )
-    scores = {"split": split, "step": step, "num_sentences": len(text), **loss_metrics(setup, params, ids)}
+    scores = {
+        "split": split,
+        "step": step,
+        "checkpoint": checkpoint,
+        "num_sentences": len(text),
+        **loss_metrics(setup, params, ids),
+    }
     hypotheses = translate(setup, params, ids)
     scores["bleu"], scores["signature"] = bleu(hypotheses, text.targets)
-    scores["decoding"] = "greedy"
+    scores["chrf"], scores["chrf_signature"] = chrf(hypotheses, text.targets)
+    scores["decoding"] = setup.decoding
     os.makedirs(out_dir, exist_ok=True)
     for name, lines in (("hypotheses.txt", hypotheses), ("references.txt", text.targets)):
         with open(os.path.join(out_dir, name), "w", encoding="utf-8") as f:
             f.writelines(line.replace("\n", " ") + "\n" for line in lines)
     with open(os.path.join(out_dir, "scores.json"), "w", encoding="utf-8") as f:
         json.dump(scores, f, indent=2)
-    return scores
+    return scores, hypotheses

@@ -13,14 +13,13 @@ from tqdm import tqdm
 from input_pipeline import batching
 from input_pipeline.corpus import Corpus, load_corpus
 from input_pipeline.datasets import TextPairs
-from input_pipeline.tokenizer import BOS_ID, EOS_ID
-from models.decoding import greedy_decode
 from training import evaluation, sharding
-from training.checkpointing import Checkpointer, checkpoint_dir
+from training.checkpointing import Checkpointer, averaged_checkpoint_dir, save_params
 from training.errors import UserInputError
+from training.inference import load_trained_model, save_config, write_attention_summary
 from training.metrics_writer import MetricWriter
 from training.optimizer import make_optimizer
-from training.state import TrainState, create_train_state, init_params, make_model
+from training.state import TrainState, create_train_state, make_model
 from training.steps import eval_step, jit_train_step
 
 
@@ -30,18 +29,17 @@ def batch_sizes(config: ml_collections.ConfigDict, per_device: int, mesh: jax.sh
     return batching.bucket_batch_sizes(config.dataset.bucket_boundaries, tokens, mesh.size)
 
 
-def _eval_setup(config, model, tokenizer, mesh) -> evaluation.EvalSetup:
+def eval_setup(config, model, tokenizer, mesh) -> evaluation.EvalSetup:
     return evaluation.EvalSetup(
         eval_fn=jax.jit(functools.partial(eval_step, model=model)),
-        decode_fn=jax.jit(
-            functools.partial(greedy_decode, model=model, bos_id=BOS_ID, eos_id=EOS_ID),
-            static_argnames=("max_length",),
-        ),
+        decode_fn=evaluation.make_decode_fn(model, config.eval),
         mesh=mesh,
         tokenizer=tokenizer,
         boundaries=tuple(config.dataset.bucket_boundaries),
         batch_sizes=batch_sizes(config, config.eval.per_device_batch_size, mesh),
         max_decode_length=config.eval.max_decode_length,
+        decoding=evaluation.describe_decoding(config.eval),
+        seed=config.seed,
     )
 
 
@@ -67,6 +65,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
     dataset = config.dataset
     splits = tuple(dict.fromkeys((dataset.train_split, dataset.valid_split, config.eval.split)))
     corpus = load_corpus(config, workdir, splits, allow_training_tokenizer=True)
+    if jax.process_index() == 0:
+        save_config(config, workdir)  # For translate.py and evaluation without the config file.
     mesh = sharding.make_mesh()
     model = make_model(config, corpus.tokenizer.vocab_size())
     tx, learning_rate_fn = make_optimizer(config.optimizer)
@@ -86,7 +86,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
         data_state,
     )
     compiled_train_step = jit_train_step(model, tx, learning_rate_fn, label_smoothing=config.optimizer.label_smoothing)
-    setup = _eval_setup(config, model, corpus.tokenizer, mesh)
+    setup = eval_setup(config, model, corpus.tokenizer, mesh)
     bleu_text, bleu_ids = _head(
         corpus.text[dataset.valid_split], corpus.ids[dataset.valid_split], config.eval.num_bleu_sentences
     )
@@ -120,6 +120,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
             if config.eval.num_bleu_sentences:
                 hypotheses = evaluation.translate(setup, state.params, bleu_ids)
                 valid["bleu"], _ = evaluation.bleu(hypotheses, bleu_text.targets)
+                if checkpointer.save_if_best(step, state.params, valid["bleu"]):
+                    logging.info("Step %d has the best validation BLEU so far (%.2f): kept apart.", step, valid["bleu"])
             valid_writer.write(step, valid)
             interval_start += time.perf_counter() - eval_start  # Evaluation is not training time.
         if step % config.checkpoint_every_steps == 0 or last:
@@ -127,17 +129,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
     progress.close()
     checkpointer.wait_until_finished()
 
-    split = config.eval.split
-    scores = evaluation.evaluate_split(
-        setup,
-        state.params,
-        int(state.step),
-        split,
-        corpus.text[split],
-        corpus.ids[split],
-        _evaluation_dir(workdir, split),
-    )
-    _log_scores(scores)
+    description = f"step {int(state.step)}"
+    scores = _evaluate(config, setup, model, state.params, int(state.step), description, corpus, workdir)
     for writer in (train_writer, valid_writer):
         writer.close()
     checkpointer.close()
@@ -171,11 +164,34 @@ def _summarize(metrics: list[dict[str, np.ndarray]], seconds: float) -> dict[str
     return summary
 
 
+def _evaluate(config, setup, model, params, step: int, description: str, corpus: Corpus, workdir: str) -> dict:
+    """Evaluates config.eval.split into <workdir>/eval/<split>/, with attention maps in TensorBoard."""
+    split = config.eval.split
+    scores, _ = evaluation.evaluate_split(
+        setup,
+        params,
+        step,
+        split,
+        corpus.text[split],
+        corpus.ids[split],
+        _evaluation_dir(workdir, split),
+        checkpoint=description,
+    )
+    _log_scores(scores)
+    if len(corpus.text[split]):  # The maps of the split's first sentence and its translation.
+        writer = MetricWriter(workdir, f"eval_{split}")
+        write_attention_summary(
+            writer, step, setup, model, params, corpus.text[split].sources[0], config.dataset.max_length
+        )
+        writer.close()
+    return scores
+
+
 def _log_scores(scores: dict) -> None:
     logging.info(
-        "%s at step %d: BLEU %.2f, loss %.4f, perplexity %.2f (%s)",
+        "%s, %s: BLEU %.2f, loss %.4f, perplexity %.2f (%s)",
         scores["split"],
-        scores["step"],
+        scores["checkpoint"],
         scores["bleu"],
         scores["loss"],
         scores["perplexity"],
@@ -183,37 +199,35 @@ def _log_scores(scores: dict) -> None:
     )
 
 
-def evaluate_checkpoint(config: ml_collections.ConfigDict, workdir: str, checkpoint_step: int | None = None) -> dict:
-    """Evaluates a checkpoint of `workdir` (the latest by default) on config.eval.split.
+def evaluate_checkpoint(
+    config: ml_collections.ConfigDict, workdir: str, checkpoint: str = "latest", *, save_average: bool = False
+) -> dict:
+    """Evaluates a checkpoint of `workdir` on config.eval.split.
+
+    Args:
+        config: the run's config.
+        workdir: the run's workdir.
+        checkpoint: 'latest', 'best' (the highest validation BLEU during training), 'average:N' (the
+            mean of the parameters of the last N checkpoints) or a step.
+        save_average: with 'average:N', also save the mean parameters in <workdir>/averaged/<N>_<step>/.
+
+    Returns:
+        The scores (also in <workdir>/eval/<split>/scores.json), with 'checkpoint' describing the parameters.
 
     Raises:
-        UserInputError: the workdir holds no checkpoint (nothing is written then),
-            or the checkpoint does not fit the config's model.
+        UserInputError: the workdir holds no checkpoint (nothing is written then), the choice is
+            malformed or names checkpoints the workdir lacks, or a checkpoint does not fit the config's model.
     """
-    directory = checkpoint_dir(workdir)
-    if not os.path.isdir(directory) or not os.listdir(directory):
-        raise UserInputError(
-            f"No checkpoints in {directory}: train first, e.g. `python train.py --config=... --workdir={workdir}`."
-        )
-    checkpointer = Checkpointer(workdir, read_only=True)
-    step = checkpoint_step if checkpoint_step is not None else checkpointer.latest_step()
-    if step is None:
-        raise UserInputError(f"No complete checkpoint in {directory}; train first.")
-    split = config.eval.split
-    corpus: Corpus = load_corpus(config, workdir, (split,), allow_training_tokenizer=False)
-    mesh = sharding.make_mesh()
-    model = make_model(config, corpus.tokenizer.vocab_size())
-    abstract_params = jax.eval_shape(lambda: init_params(model, jax.random.PRNGKey(0)))
-    params = checkpointer.restore_params(step, sharding.abstract_like(abstract_params, mesh))
-    scores = evaluation.evaluate_split(
-        _eval_setup(config, model, corpus.tokenizer, mesh),
-        params,
-        step,
-        split,
-        corpus.text[split],
-        corpus.ids[split],
-        _evaluation_dir(workdir, split),
+    if save_average and not checkpoint.strip().lower().startswith("average:"):
+        raise UserInputError(f"Saving an average needs the checkpoint choice 'average:N', not {checkpoint!r}.")
+    trained = load_trained_model(config, workdir, checkpoint)  # Before the corpus is read: errors come fast.
+    selection = trained.selection
+    if save_average:
+        path = averaged_checkpoint_dir(workdir, selection.steps)
+        save_params(path, trained.params, selection.steps)
+        logging.info("Saved the %s in %s.", selection.description, path)
+    corpus = load_corpus(config, workdir, (config.eval.split,), allow_training_tokenizer=False)
+    setup = eval_setup(config, trained.model, trained.tokenizer, trained.mesh)
+    return _evaluate(
+        config, setup, trained.model, trained.params, selection.step, selection.description, corpus, workdir
     )
-    _log_scores(scores)
-    checkpointer.close()
-    return scores

@@ -1,0 +1,115 @@
+"""The translate CLI and evaluation with beam search, on a tiny trained run."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from conftest import REPO_ROOT
+
+pytestmark = pytest.mark.slow
+
+
+def _run(script, *args, stdin=None):
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+    return subprocess.run(
+        [sys.executable, script, *args],
+        cwd=REPO_ROOT,
+        input=stdin,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
+
+
+@pytest.fixture(scope="module")
+def trained_workdir(small_corpus, tmp_path_factory):
+    """A tiny run trained for 4 steps through the CLI (which also saves its config.json)."""
+    workdir = str(tmp_path_factory.mktemp("translate") / "run")
+    trained = _run(
+        "train.py",
+        "--config=configs/tiny.py",
+        f"--workdir={workdir}",
+        f"--config.dataset.path={small_corpus}",
+        "--config.num_train_steps=4",
+    )
+    assert trained.returncode == 0, trained.stderr[-3000:]
+    return workdir
+
+
+def test_translate_keeps_one_line_per_input_line(trained_workdir):
+    long_line = " ".join(["Click the OK button to close the dialog."] * 20)  # Far over 32 subwords.
+    lines = ["Click OK.", "", long_line, "   ", "Select a cell."]
+    result = _run("translate.py", f"--workdir={trained_workdir}", "--beam_size=2", stdin="\n".join(lines) + "\n")
+    assert result.returncode == 0, result.stderr[-3000:]
+    outputs = result.stdout.split("\n")
+    assert outputs[-1] == "" and len(outputs) == len(lines) + 1  # Every line ends with a newline.
+    assert outputs[1] == "" and outputs[3] == ""  # Empty in, empty out.
+    assert "Line 3 is longer than 32 subwords" in result.stderr
+    assert "beam 2, alpha 0.6" in result.stderr
+
+
+def test_translate_from_a_file_equals_stdin_and_greedy_equals_beam_one(trained_workdir, tmp_path):
+    source = tmp_path / "in.en"
+    source.write_text("Click OK.\nSelect a cell.\n", encoding="utf-8")
+    out = tmp_path / "out.de"
+    from_file = _run("translate.py", f"--workdir={trained_workdir}", f"--input={source}", f"--output={out}")
+    assert from_file.returncode == 0, from_file.stderr[-3000:]
+    beam_one = _run(
+        "translate.py", f"--workdir={trained_workdir}", "--beam_size=1", stdin=source.read_text(encoding="utf-8")
+    )
+    assert out.read_text(encoding="utf-8") == beam_one.stdout
+    assert len(beam_one.stdout.splitlines()) == 2
+
+
+def test_translate_reports_bad_requests_in_one_line(trained_workdir, tmp_path):
+    cases = [
+        (["--beam_size=2", "--temperature=0.7"], "config.eval.temperature"),
+        (["--checkpoint=best:3"], "Unknown checkpoint 'best:3'"),
+        ([f"--input={tmp_path / 'missing.txt'}"], "Cannot read --input="),
+    ]
+    for flags, message in cases:
+        result = _run("translate.py", f"--workdir={trained_workdir}", *flags, stdin="Click OK.\n")
+        assert result.returncode == 2, (flags, result.stderr[-2000:])
+        last = result.stderr.strip().splitlines()[-1]
+        assert last.startswith("error:") and message in last, (flags, last)
+        assert "Traceback" not in result.stderr
+    empty = tmp_path / "empty_run"
+    empty.mkdir()
+    result = _run("translate.py", f"--workdir={empty}", stdin="Click OK.\n")
+    assert result.returncode == 2 and "config.json does not exist" in result.stderr
+
+
+def test_evaluation_with_beam_search_writes_bleu_and_chrf(trained_workdir, small_corpus):
+    result = _run(
+        "train.py",
+        "--config=configs/tiny.py",
+        f"--workdir={trained_workdir}",
+        f"--config.dataset.path={small_corpus}",
+        "--mode=eval",
+        "--config.eval.beam_size=3",
+        "--config.eval.length_penalty=1.0",
+        "--config.eval.split=valid",
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    with open(os.path.join(trained_workdir, "eval", "valid", "scores.json")) as f:
+        scores = json.load(f)
+    assert scores["decoding"] == "beam 3, alpha 1"
+    assert 0 <= scores["chrf"] <= 100 and scores["chrf_signature"].startswith("nrefs:1|case:mixed|eff:yes|nc:6")
+    assert scores["signature"].startswith("nrefs:1|case:mixed|eff:no|tok:13a")
+
+
+def test_translate_draws_attention_maps_for_given_or_translated_targets(trained_workdir, tmp_path):
+    maps = tmp_path / "maps"
+    lines = "Click OK.\tKlicken Sie auf OK.\n\nSelect a cell.\n"
+    result = _run("translate.py", f"--workdir={trained_workdir}", f"--attention_maps={maps}", stdin=lines)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.count("\n") == 3
+    assert sorted(os.listdir(maps)) == ["line_1", "line_3"]  # Nothing for the empty line.
+    expected = ["decoder_layer0_cross_attention.png", "decoder_layer0_self_attention.png"]
+    expected.append("encoder_layer0_self_attention.png")
+    for line in ("line_1", "line_3"):
+        assert sorted(os.listdir(maps / line)) == expected
+        assert (maps / line / expected[0]).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -1,0 +1,160 @@
+"""A trained model loaded from its workdir, and translation of raw text with it.
+
+Shared by `translate.py` and checkpoint evaluation: the workdir holds the run's
+config (config.json), tokenizer and checkpoints.
+"""
+
+import dataclasses
+import json
+import os
+from collections.abc import Sequence
+
+import jax
+import ml_collections
+import sentencepiece as spm
+from absl import logging
+
+from input_pipeline import tokenizer as tokenizer_lib
+from input_pipeline.batching import RaggedIds
+from input_pipeline.corpus import TOKENIZER_FILE
+from models import Transformer
+from training import evaluation, sharding
+from training.checkpointing import Checkpointer, Selection, checkpoint_dir
+from training.errors import UserInputError
+from training.state import init_params, make_model
+
+CONFIG_FILE = "config.json"
+
+
+def save_config(config: ml_collections.ConfigDict, workdir: str) -> None:
+    """Writes the run's config to <workdir>/config.json, for translate.py and later evaluation."""
+    path = os.path.join(workdir, CONFIG_FILE)
+    with open(path + ".tmp", "w", encoding="utf-8") as f:
+        f.write(config.to_json_best_effort(indent=2, sort_keys=True))
+    os.replace(path + ".tmp", path)
+
+
+def load_config(workdir: str) -> ml_collections.ConfigDict:
+    """The config a workdir's run was trained with.
+
+    Raises:
+        UserInputError: the workdir has no config.json (pass the config file instead).
+    """
+    path = os.path.join(workdir, CONFIG_FILE)
+    if not os.path.exists(path):
+        raise UserInputError(
+            f"{path} does not exist: {workdir} holds no run trained with this version of the code; "
+            "pass the config it was trained with, e.g. --config=configs/quickstart.py."
+        )
+    with open(path, encoding="utf-8") as f:
+        return ml_collections.ConfigDict(json.load(f))
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainedModel:
+    """Parameters restored from a workdir, with what it takes to use them."""
+
+    model: Transformer
+    params: object  # The parameter pytree, replicated on `mesh`.
+    tokenizer: spm.SentencePieceProcessor
+    mesh: jax.sharding.Mesh
+    selection: Selection  # Which checkpoint(s) the parameters come from.
+
+
+def load_trained_model(config: ml_collections.ConfigDict, workdir: str, checkpoint: str = "latest") -> TrainedModel:
+    """Restores a workdir's parameters and tokenizer for the model config describes.
+
+    Args:
+        config: the run's config (its model and vocabulary must fit the checkpoint).
+        workdir: the run's workdir.
+        checkpoint: 'latest', 'best', 'average:N' or a step (see `Checkpointer.select`).
+
+    Raises:
+        UserInputError: no checkpoint or tokenizer in the workdir, a bad checkpoint
+            choice, or a checkpoint that does not fit the model.
+    """
+    directory = checkpoint_dir(workdir)
+    if not os.path.isdir(directory) or not os.listdir(directory):
+        raise UserInputError(
+            f"No checkpoints in {directory}: train first, e.g. `python train.py --config=... --workdir={workdir}`."
+        )
+    tokenizer_path = os.path.join(workdir, TOKENIZER_FILE)
+    if not os.path.exists(tokenizer_path):
+        raise UserInputError(f"{tokenizer_path} does not exist: {workdir} holds no trained run.")
+    tokenizer = tokenizer_lib.load_tokenizer(tokenizer_path)
+    mesh = sharding.make_mesh()
+    model = make_model(config, tokenizer.vocab_size())
+    abstract_params = jax.eval_shape(lambda: init_params(model, jax.random.PRNGKey(0)))
+    checkpointer = Checkpointer(workdir, read_only=True)
+    try:
+        params, selection = checkpointer.load_params(checkpoint, sharding.abstract_like(abstract_params, mesh))
+    finally:
+        checkpointer.close()
+    return TrainedModel(model, params, tokenizer, mesh, selection)
+
+
+def encode_sources(
+    tokenizer: spm.SentencePieceProcessor, lines: Sequence[str], max_length: int
+) -> tuple[RaggedIds, list[int]]:
+    """Subword ids of each line, ending with <eos>, cut to `max_length` ids.
+
+    Returns:
+        The ids, and the indices of the lines that were cut (for a warning).
+    """
+    ids = [tokenizer.encode(line) + [tokenizer_lib.EOS_ID] for line in lines]
+    cut = [i for i, line_ids in enumerate(ids) if len(line_ids) > max_length]
+    for i in cut:
+        ids[i] = ids[i][: max_length - 1] + [tokenizer_lib.EOS_ID]
+    return RaggedIds.from_lists(ids), cut
+
+
+def translate_lines(setup: evaluation.EvalSetup, params, lines: Sequence[str], max_source_length: int) -> list[str]:
+    """Translations of raw sentences, one per line, in order; an empty line gives an empty line.
+
+    Args:
+        setup: decoding, batching and the tokenizer.
+        params: the model parameters.
+        lines: source sentences.
+        max_source_length: longer sources (in subwords, with <eos>) are cut to it, with a warning.
+    """
+    lines = [line.strip() for line in lines]
+    nonempty = [i for i, line in enumerate(lines) if line]
+    sources, cut = encode_sources(setup.tokenizer, [lines[i] for i in nonempty], max_source_length)
+    for i in cut:
+        logging.warning(
+            "Line %d is longer than %d subwords; only its beginning is translated.", nonempty[i] + 1, max_source_length
+        )
+    outputs = [""] * len(lines)
+    if nonempty:
+        for i, ids in zip(nonempty, evaluation.translate_ids(setup, params, sources)):
+            outputs[i] = setup.tokenizer.decode(ids)
+    return outputs
+
+
+def sentence_attention_figures(
+    model: Transformer, params, tokenizer: spm.SentencePieceProcessor, source: str, target: str
+) -> dict:
+    """Attention-map figures ({name: matplotlib Figure}) of one sentence pair, for every layer and head.
+
+    Both sides are cut to the model's max_len subwords (with <eos>).
+    """
+    from training import attention_maps  # pylint: disable=g-import-not-at-top  (matplotlib only when drawing)
+
+    source_ids, target_ids = (
+        encode_sources(tokenizer, [text], model.config.max_len)[0][0] for text in (source, target)
+    )
+    weights = attention_maps.attention_weights(model, params, source_ids, target_ids)
+    return attention_maps.attention_figures(
+        weights, attention_maps.token_pieces(tokenizer, source_ids), attention_maps.token_pieces(tokenizer, target_ids)
+    )
+
+
+def write_attention_summary(
+    writer, step: int, setup: evaluation.EvalSetup, model: Transformer, params, source: str, max_source_length: int
+) -> None:
+    """Translates `source` and puts the attention maps of (source, translation) into TensorBoard."""
+    from training import attention_maps  # pylint: disable=g-import-not-at-top
+
+    (translation,) = translate_lines(setup, params, [source], max_source_length)
+    figures = sentence_attention_figures(model, params, setup.tokenizer, source, translation)
+    attention_maps.write_attention_summaries(writer, step, figures)

@@ -1,0 +1,123 @@
+r"""Translates sentences with a trained model: one line in, one line out.
+
+  echo "Click the OK button." | python translate.py --workdir=runs/quickstart
+  python translate.py --workdir=runs/quickstart --beam_size=4 --checkpoint=best \
+      --input=sentences.en --output=sentences.de
+
+  printf 'Click OK.\tKlicken Sie auf OK.\n' | python translate.py --workdir=runs/quickstart \
+      --attention_maps=maps/
+
+Uses the config (config.json), tokenizer and checkpoints of the workdir. Empty
+lines stay empty; sentences longer than config.dataset.max_length subwords are
+cut to it with a warning. Decoding is greedy unless --beam_size or --temperature
+say otherwise.
+"""
+
+import os
+import sys
+
+from absl import app, flags, logging
+from ml_collections import config_flags
+
+from training.errors import UserInputError
+from training.logs import quiet_library_logs
+
+_WORKDIR = flags.DEFINE_string("workdir", None, "The trained run's directory.")
+_CHECKPOINT = flags.DEFINE_string(
+    "checkpoint", "latest", "latest, best (highest validation BLEU), average:N (mean of the last N) or a step."
+)
+_INPUT = flags.DEFINE_string("input", None, "File of source sentences, one per line (default: stdin).")
+_OUTPUT = flags.DEFINE_string("output", None, "File for the translations (default: stdout).")
+_BEAM_SIZE = flags.DEFINE_integer("beam_size", None, "Beam size; 1 is greedy (default: the run's config.eval).")
+_LENGTH_PENALTY = flags.DEFINE_float("length_penalty", None, "GNMT length penalty alpha for beam search.")
+_TEMPERATURE = flags.DEFINE_float("temperature", None, "> 0 samples each token at this temperature.")
+_TOP_K = flags.DEFINE_integer("top_k", None, "With --temperature: sample among the k most likely tokens.")
+_ATTENTION_MAPS = flags.DEFINE_string(
+    "attention_maps",
+    None,
+    "Also draw attention maps of each line into DIR/line_<n>/ (PNG, every layer and head). A line "
+    "'source<TAB>target' draws them for that target; otherwise for the translation.",
+)
+_CONFIG = config_flags.DEFINE_config_file(
+    "config", None, "Config file the run was trained with (default: <workdir>/config.json).", lock_config=True
+)
+flags.mark_flags_as_required(["workdir"])
+
+
+def _read_lines() -> list[str]:
+    if _INPUT.value is None:
+        return sys.stdin.read().splitlines()
+    try:
+        with open(_INPUT.value, encoding="utf-8") as f:
+            return f.read().splitlines()
+    except (OSError, UnicodeDecodeError) as e:
+        raise UserInputError(f"Cannot read --input={_INPUT.value}: {e}") from None
+
+
+def _decoding_config(config):
+    """config.eval with the decoding flags that were given applied, validated."""
+    from configs.validation import validate_config  # pylint: disable=g-import-not-at-top
+
+    overrides = {
+        "beam_size": _BEAM_SIZE.value,
+        "length_penalty": _LENGTH_PENALTY.value,
+        "temperature": _TEMPERATURE.value,
+        "top_k": _TOP_K.value,
+    }
+    config = config.copy_and_resolve_references()
+    for name, value in overrides.items():
+        if value is not None:
+            config.eval[name] = value
+    validate_config(config)
+    return config
+
+
+def _draw_attention_maps(trained, lines: list[str], translations: list[str], out_dir: str) -> None:
+    from training import attention_maps, inference  # pylint: disable=g-import-not-at-top
+
+    for number, (line, translation) in enumerate(zip(lines, translations), start=1):
+        source, _, target = line.partition("\t")
+        if not source.strip():
+            continue
+        figures = inference.sentence_attention_figures(
+            trained.model, trained.params, trained.tokenizer, source.strip(), target.strip() or translation
+        )
+        paths = attention_maps.save_attention_maps(figures, os.path.join(out_dir, f"line_{number}"))
+        logging.info("Line %d: %d attention maps in %s.", number, len(paths), os.path.dirname(paths[0]))
+
+
+def translate(workdir: str) -> None:
+    from training import evaluation, inference, loop  # pylint: disable=g-import-not-at-top  (JAX starts here)
+
+    config = _CONFIG.value if _CONFIG.value is not None else inference.load_config(workdir)
+    config = _decoding_config(config)
+    lines = _read_lines()
+    sources = [line.split("\t", 1)[0] for line in lines]
+    trained = inference.load_trained_model(config, workdir, _CHECKPOINT.value)
+    decoding = evaluation.describe_decoding(config.eval)
+    logging.info("Translating %d lines: %s, %s.", len(lines), trained.selection.description, decoding)
+    setup = loop.eval_setup(config, trained.model, trained.tokenizer, trained.mesh)
+    translations = inference.translate_lines(setup, trained.params, sources, config.dataset.max_length)
+    if _ATTENTION_MAPS.value:
+        _draw_attention_maps(trained, lines, translations, _ATTENTION_MAPS.value)
+    text = "".join(line + "\n" for line in translations)
+    if _OUTPUT.value is None:
+        sys.stdout.write(text)
+    else:
+        with open(_OUTPUT.value, "w", encoding="utf-8") as f:
+            f.write(text)
+
+
+def main(argv):
+    if len(argv) > 1:
+        raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+    quiet_library_logs()
+    try:
+        translate(_WORKDIR.value)
+    except UserInputError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    app.run(main)
