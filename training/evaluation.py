@@ -1,6 +1,7 @@
 """Validation loss, greedy translation and sacreBLEU on a split."""
 
 import dataclasses
+import functools
 import json
 import os
 from collections.abc import Callable, Sequence
@@ -10,10 +11,12 @@ import numpy as np
 import sacrebleu
 import sentencepiece as spm
 from absl import logging
+from jax.experimental import multihost_utils
 
 from input_pipeline import batching
 from input_pipeline.datasets import TextPairs
-from training.sharding import shard_batch
+from training import distributed
+from training.sharding import process_rows, shard_batch
 
 EvalFn = Callable  # (params, batch) -> {'nll', 'correct', 'tokens'} sums
 DecodeFn = Callable  # (params, inputs, max_length) -> [batch, max_length] ids
@@ -31,11 +34,16 @@ class EvalSetup:
     batch_sizes: dict[int, int]
     max_decode_length: int
 
+    def batches(self, pairs: batching.ParallelIds):
+        """`batching.eval_batches` of `pairs`, this process's rows of each."""
+        rows = functools.partial(process_rows, mesh=self.mesh)
+        return batching.eval_batches(pairs, self.boundaries, self.batch_sizes, rows)
+
 
 def loss_metrics(setup: EvalSetup, params, pairs: batching.ParallelIds) -> dict[str, float]:
     """Per-token 'loss' (NLL), 'perplexity' and 'accuracy' over a whole split."""
     totals = None
-    for batch, _ in batching.eval_batches(pairs, setup.boundaries, setup.batch_sizes):
+    for batch, _ in setup.batches(pairs):
         sums = setup.eval_fn(params, shard_batch(batch, setup.mesh))
         totals = sums if totals is None else jax.tree.map(lambda a, b: a + b, totals, sums)
     totals = jax.device_get(totals)
@@ -56,10 +64,12 @@ def decode_length(source_length: int, max_decode_length: int) -> int:
 def translate(setup: EvalSetup, params, pairs: batching.ParallelIds) -> list[str]:
     """Greedy translations of every source in `pairs`, in their order, detokenized."""
     hypotheses = [""] * len(pairs)
-    for batch, indices in batching.eval_batches(pairs, setup.boundaries, setup.batch_sizes):
+    for batch, indices in setup.batches(pairs):
         inputs = shard_batch({"inputs": batch["inputs"]}, setup.mesh)["inputs"]
         max_length = decode_length(batch["inputs"].shape[1], setup.max_decode_length)
-        outputs = np.asarray(setup.decode_fn(params, inputs, max_length=max_length))
+        # Every process gets every row: all compute the same hypotheses, process 0 writes them.
+        outputs = setup.decode_fn(params, inputs, max_length=max_length)
+        outputs = multihost_utils.process_allgather(outputs, tiled=True)  # [batch, max_length] on every process.
         for row, index in enumerate(indices):
             ids = outputs[row].tolist()
             if setup.tokenizer.eos_id() in ids:
@@ -95,6 +105,8 @@ def evaluate_split(
     hypotheses = translate(setup, params, ids)
     scores["bleu"], scores["signature"] = bleu(hypotheses, text.targets)
     scores["decoding"] = "greedy"
+    if not distributed.is_main_process():
+        return scores
     os.makedirs(out_dir, exist_ok=True)
     for name, lines in (("hypotheses.txt", hypotheses), ("references.txt", text.targets)):
         with open(os.path.join(out_dir, name), "w", encoding="utf-8") as f:
