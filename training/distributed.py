@@ -99,6 +99,10 @@ def initialize(
             f"Cannot start several processes with {flags or 'no flags'}: {e} Give --coordinator_address=HOST:PORT, "
             "--num_processes and --process_id on every process, or launch with SLURM, Open MPI or on a Cloud TPU."
         ) from None
+    # The first collective sets up the processes' connections (Gloo on CPU), waiting at
+    # most 30 s for all of them: here, where they all arrive together, not at a barrier
+    # that waits for process 0 to prepare the data.
+    barrier("connected")
     logging.info(
         "Process %d of %d: %d of %d devices are local.",
         jax.process_index(),
@@ -107,6 +111,11 @@ def initialize(
         jax.device_count(),
     )
     return True
+
+
+def is_connected() -> bool:
+    """Whether this process is one of several connected by `initialize`."""
+    return jax.distributed.is_initialized()
 
 
 def is_main_process() -> bool:
