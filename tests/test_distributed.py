@@ -1,6 +1,7 @@
 """Start-up of several processes: when to connect, and flags that cannot work."""
 
 import os
+import socket
 import subprocess
 import sys
 
@@ -95,3 +96,49 @@ def test_flags_that_cannot_describe_processes_are_one_error_line(tmp_path, flags
     assert last_line.startswith("error: Cannot start several processes with ")
     assert message in last_line and "Traceback" not in result.stderr
     assert not os.path.exists(tmp_path / "run")
+
+
+_JOIN_AND_REPORT = """
+from training import distributed
+import jax
+assert distributed.initialize()
+print("process", jax.process_index(), "of", jax.process_count(), "devices", jax.device_count())
+"""
+
+
+def test_processes_started_by_slurm_join_without_flags(tmp_path):
+    """Two `srun` tasks on this host, as SLURM describes them in the environment."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    processes = []
+    for task in range(2):
+        env = dict(
+            os.environ,
+            JAX_PLATFORMS="cpu",
+            JAX_NUM_CPU_DEVICES="2",
+            JAX_COORDINATOR_PORT=str(port),  # SLURM gives no port; JAX's default derives one from the job id.
+            SLURM_JOB_ID="4242",
+            SLURM_STEP_NODELIST="127.0.0.1",
+            SLURM_NTASKS="2",
+            SLURM_PROCID=str(task),
+            SLURM_LOCALID=str(task),
+        )
+        processes.append(
+            subprocess.Popen(
+                [sys.executable, "-c", _JOIN_AND_REPORT],
+                cwd=REPO_ROOT,
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+        )
+    try:
+        outputs = [p.communicate(timeout=120) for p in processes]
+    finally:
+        for p in processes:
+            p.kill()
+    for task, (process, (stdout, stderr)) in enumerate(zip(processes, outputs)):
+        assert process.returncode == 0, stderr[-3000:]
+        assert f"process {task} of 2 devices 4" in stdout
