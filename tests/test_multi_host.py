@@ -7,6 +7,7 @@ with an error instead of waiting for it forever.
 """
 
 import glob
+import json
 import os
 import signal
 import socket
@@ -115,9 +116,13 @@ def test_two_processes_train_and_resume_like_one_with_as_many_devices(small_corp
     print("one process, 4 devices:", one_losses, "\ntwo processes, 2 devices each:", two_losses)
     assert sorted(one_losses) == sorted(two_losses) == [1, 2, 3, 4]
     np.testing.assert_allclose([two_losses[s] for s in range(1, 5)], [one_losses[s] for s in range(1, 5)], rtol=1e-5)
-    # One summary file per run, from process 0; evaluation files from process 0.
+    # One summary file per run, from process 0 (process 1 writes none).
     assert len(glob.glob(os.path.join(two, "tensorboard", "train", "events.*"))) == 2
-    assert os.path.exists(os.path.join(two, "eval", "valid", "hypotheses.txt"))
+    # The final evaluation, with batches and translations split over the processes.
+    one_scores, two_scores = (json.loads(_read(os.path.join(w, "eval", "valid", "scores.json"))) for w in (one, two))
+    assert two_scores["loss"] == pytest.approx(one_scores["loss"], rel=1e-5)
+    one_hypotheses, two_hypotheses = (_read(os.path.join(w, "eval", "valid", "hypotheses.txt")) for w in (one, two))
+    assert two_hypotheses == one_hypotheses and len(two_hypotheses.splitlines()) == 40
 
     # The checkpoint the two processes wrote restores in this single process.
     config = tiny_config(small_corpus)
