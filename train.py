@@ -4,8 +4,13 @@ r"""Trains or evaluates the Transformer.
   python train.py --config=configs/quickstart.py --workdir=runs/quickstart --mode=eval --checkpoint=best
 
 Any config field can be overridden, e.g. --config.model.num_layers=2.
+
+On several hosts, run the same command on each, with the workdir on storage they
+all see, adding --coordinator_address=HOST0:PORT --num_processes=N --process_id=I
+(or nothing under SLURM or Open MPI; --distributed=on on a Cloud TPU pod).
 """
 
+import os
 import sys
 
 import jax
@@ -13,6 +18,7 @@ from absl import app, flags, logging
 from ml_collections import config_flags
 
 from configs.validation import validate_config
+from training import distributed
 from training.errors import UserInputError
 from training.logs import quiet_library_logs
 
@@ -32,6 +38,24 @@ _CHECKPOINT = flags.DEFINE_string(
 )
 _SAVE_AVERAGE = flags.DEFINE_bool(
     "save_average", False, "With --mode=eval --checkpoint=average:N: also save the mean in <workdir>/averaged/."
+)
+_COORDINATOR_ADDRESS = flags.DEFINE_string(
+    "coordinator_address", None, "Several processes: HOST:PORT of process 0, the same on every process."
+)
+_NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "Several processes: how many.", lower_bound=1)
+_PROCESS_ID = flags.DEFINE_integer("process_id", None, "Several processes: this one's index, from 0.", lower_bound=0)
+_DISTRIBUTED = flags.DEFINE_enum(
+    "distributed",
+    "auto",
+    list(distributed.MODES),
+    "auto: join other processes when the three flags above are given or SLURM/Open MPI started several; "
+    "on: always (JAX finds the processes of a Cloud TPU pod, SLURM, Open MPI, Kubernetes); off: one process.",
+)
+_HEARTBEAT_TIMEOUT = flags.DEFINE_integer(
+    "heartbeat_timeout_seconds",
+    30,
+    "Several processes: when one stops responding for this long, the others stop with an error.",
+    lower_bound=1,
 )
 flags.mark_flags_as_required(["config", "workdir"])
 
@@ -70,6 +94,31 @@ def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
     quiet_library_logs()
+    config = _CONFIG.value
+    try:
+        validate_config(config)
+        distributed.initialize(  # Before anything starts a JAX backend.
+            _COORDINATOR_ADDRESS.value,
+            _NUM_PROCESSES.value,
+            _PROCESS_ID.value,
+            mode=_DISTRIBUTED.value,
+            heartbeat_timeout_seconds=_HEARTBEAT_TIMEOUT.value,
+        )
+        _run(config)
+    except UserInputError as e:
+        print(f"error: {e}", file=sys.stderr)
+        if distributed.is_connected():
+            # The others may be waiting for this process in a collective. JAX's orderly
+            # shutdown at exit would wait for them in turn (minutes); leaving at once
+            # makes them stop with an error within the heartbeat timeout.
+            sys.stderr.flush()
+            os._exit(2)
+        sys.exit(2)
+
+
+def _run(config) -> None:
+    if not distributed.is_main_process():
+        logging.set_verbosity(logging.WARNING)  # One log for the run: process 0's.
     # Our own code never uses TensorFlow's devices; keep it off any GPU.
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
@@ -78,16 +127,10 @@ def main(argv):
 
     from training import loop  # pylint: disable=g-import-not-at-top
 
-    config = _CONFIG.value
-    try:
-        validate_config(config)
-        if _MODE.value == "train":
-            loop.train_and_evaluate(config, _WORKDIR.value)
-        else:
-            loop.evaluate_checkpoint(config, _WORKDIR.value, _CHECKPOINT.value, save_average=_SAVE_AVERAGE.value)
-    except UserInputError as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
+    if _MODE.value == "train":
+        loop.train_and_evaluate(config, _WORKDIR.value)
+    else:
+        loop.evaluate_checkpoint(config, _WORKDIR.value, _CHECKPOINT.value, save_average=_SAVE_AVERAGE.value)
 
 
 if __name__ == "__main__":

@@ -7,17 +7,29 @@ sequences: each batch carries about `tokens_per_batch` padded tokens.
 Training order is a pure function of (seed, epoch): the iterator's whole state
 is (epoch, batch index in the epoch), two integers saved with each checkpoint,
 and a restored iterator continues with exactly the batch that came next.
+
+With several processes, every process computes the same global batches (which
+pairs, in which order) but pads only its own rows of each (`RowsFn`), the rows
+its devices hold; the global batch is assembled on the devices.
 """
 
 import dataclasses
 import hashlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
 from absl import logging
 
 from input_pipeline.tokenizer import PAD_ID
 from training.errors import UserInputError
+
+# Global batch size -> the rows of each global batch this process materialises.
+RowsFn = Callable[[int], slice]
+
+
+def all_rows(global_rows: int) -> slice:
+    """The RowsFn of a single process: every row."""
+    return slice(0, global_rows)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -160,8 +172,11 @@ class TrainBatches(Iterator[dict[str, np.ndarray]]):
         batch_sizes: dict[int, int],
         seed: int,
         state: IteratorState = IteratorState(),
+        rows: RowsFn = all_rows,
     ):
+        """The stream of global batches; each one holds only this process's `rows` of it."""
         self._pairs = pairs
+        self._rows = rows
         self._lengths = pairs.lengths
         self._boundaries = tuple(boundaries)
         self._batch_sizes = batch_sizes
@@ -196,7 +211,8 @@ class TrainBatches(Iterator[dict[str, np.ndarray]]):
         indices = self._batches[self._next]
         self._next += 1
         length = self._boundaries[bucket_of(self._lengths[indices[:1]], self._boundaries)[0]]
-        return pad_batch(self._pairs, indices, length, len(indices))
+        rows = self._rows(len(indices))
+        return pad_batch(self._pairs, indices[rows], length, rows.stop - rows.start)
 
 
 def length_sorted_batches(
@@ -220,30 +236,32 @@ def length_sorted_batches(
 
 
 def eval_batches(
-    pairs: ParallelIds, boundaries: Sequence[int], batch_sizes: dict[int, int]
+    pairs: ParallelIds, boundaries: Sequence[int], batch_sizes: dict[int, int], rows: RowsFn = all_rows
 ) -> Iterator[tuple[dict[str, np.ndarray], np.ndarray]]:
     """Every pair exactly once, in batches bucketed by the longer side and padded to full size.
 
     Pairs longer than the last bucket are truncated to it (the caller warns).
 
     Yields:
-        (batch, indices): the padded batch and the pair index of each of its
-        first len(indices) rows.
+        (batch, indices): this process's `rows` of the padded global batch, and
+        the pair index of each of the global batch's first len(indices) rows.
     """
     for length, indices in length_sorted_batches(pairs.lengths, boundaries, batch_sizes):
-        yield pad_batch(pairs, indices, length, batch_sizes[length]), indices
+        local = rows(batch_sizes[length])
+        yield pad_batch(pairs, indices[local], length, local.stop - local.start), indices
 
 
 def source_batches(
-    sources: RaggedIds, boundaries: Sequence[int], batch_sizes: dict[int, int]
+    sources: RaggedIds, boundaries: Sequence[int], batch_sizes: dict[int, int], rows: RowsFn = all_rows
 ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
     """Every source exactly once, bucketed by its own length: the batches to translate.
 
     Sources longer than the last bucket are truncated to it (the caller warns).
 
     Yields:
-        (inputs [batch_size, length] int32, the source index of each of its first
-        len(indices) rows).
+        (inputs: this process's `rows` of the padded [batch_size, length] int32 global
+        batch, the source index of each of the global batch's first len(indices) rows).
     """
     for length, indices in length_sorted_batches(sources.lengths, boundaries, batch_sizes):
-        yield pad_ids(sources, indices, length, batch_sizes[length]), indices
+        local = rows(batch_sizes[length])
+        yield pad_ids(sources, indices[local], length, local.stop - local.start), indices

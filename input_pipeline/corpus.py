@@ -10,6 +10,7 @@ from absl import logging
 from input_pipeline import datasets
 from input_pipeline import tokenizer as tokenizer_lib
 from input_pipeline.batching import ParallelIds
+from training import distributed
 from training.errors import UserInputError
 
 TOKENIZER_FILE = "tokenizer.model"
@@ -47,23 +48,26 @@ def load_corpus(
             f"{tokenizer_path} does not exist: {workdir} holds no trained run. Train first with the same --workdir."
         )
     needed = splits if have_tokenizer else tuple(dict.fromkeys((dataset.train_split, *splits)))
-    builder = datasets.make_builder(dataset, workdir, required_splits=needed)
-    os.makedirs(workdir, exist_ok=True)  # Only now: bad data must leave no trace.
+    # Process 0 prepares the dataset and trains the tokenizer; the others then read both.
+    with distributed.main_process_first("prepare_dataset"):
+        builder = datasets.make_builder(dataset, workdir, required_splits=needed)
     text = {
         split: datasets.load_text_pairs(builder, split, dataset.source_lang, dataset.target_lang) for split in needed
     }
-    if have_tokenizer:
-        tokenizer = tokenizer_lib.load_tokenizer(tokenizer_path)
-    else:
-        train = text[dataset.train_split]
-        tokenizer = tokenizer_lib.train_tokenizer(
-            train.sources + train.targets,
-            tokenizer_path,
-            vocab_size=config.tokenizer.vocab_size,
-            model_type=config.tokenizer.model_type,
-            max_sentences=config.tokenizer.max_training_sentences,
-            seed=config.seed,
-        )
+    with distributed.main_process_first("train_tokenizer"):
+        if os.path.exists(tokenizer_path):
+            tokenizer = tokenizer_lib.load_tokenizer(tokenizer_path)
+        else:
+            os.makedirs(workdir, exist_ok=True)  # Only now: bad data must leave no trace.
+            train = text[dataset.train_split]
+            tokenizer = tokenizer_lib.train_tokenizer(
+                train.sources + train.targets,
+                tokenizer_path,
+                vocab_size=config.tokenizer.vocab_size,
+                model_type=config.tokenizer.model_type,
+                max_sentences=config.tokenizer.max_training_sentences,
+                seed=config.seed,
+            )
     ids = {}
     for split in splits:
         ids[split] = datasets.tokenize(text[split], tokenizer)

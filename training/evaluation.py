@@ -12,13 +12,15 @@ import numpy as np
 import sacrebleu
 import sentencepiece as spm
 from absl import logging
+from jax.experimental import multihost_utils
 
 from input_pipeline import batching
 from input_pipeline.datasets import TextPairs
 from input_pipeline.tokenizer import BOS_ID, EOS_ID, PAD_ID
 from models import Transformer
 from models.decoding import beam_search, greedy_decode, sample_decode
-from training.sharding import shard_batch
+from training import distributed
+from training.sharding import process_rows, shard_batch
 
 EvalFn = Callable  # (params, batch) -> {'nll', 'correct', 'tokens'} sums
 DecodeFn = Callable  # (params, inputs, rng, max_length=) -> [batch, max_length] ids
@@ -70,11 +72,16 @@ class EvalSetup:
     decoding: str = "greedy"  # As `describe_decoding` puts it.
     seed: int = 0  # Sampling's randomness: batch i uses fold_in(PRNGKey(seed), i).
 
+    def batches(self, pairs: batching.ParallelIds):
+        """`batching.eval_batches` of `pairs`, this process's rows of each."""
+        rows = functools.partial(process_rows, mesh=self.mesh)
+        return batching.eval_batches(pairs, self.boundaries, self.batch_sizes, rows)
+
 
 def loss_metrics(setup: EvalSetup, params, pairs: batching.ParallelIds) -> dict[str, float]:
     """Per-token 'loss' (NLL), 'perplexity' and 'accuracy' over a whole split."""
     totals = None
-    for batch, _ in batching.eval_batches(pairs, setup.boundaries, setup.batch_sizes):
+    for batch, _ in setup.batches(pairs):
         sums = setup.eval_fn(params, shard_batch(batch, setup.mesh))
         totals = sums if totals is None else jax.tree.map(lambda a, b: a + b, totals, sums)
     totals = jax.device_get(totals)
@@ -96,16 +103,18 @@ def translate_ids(setup: EvalSetup, params, sources: batching.RaggedIds) -> list
     """Output ids of every source, in their order, each cut before its first <eos>.
 
     Sources are batched by their own length; those longer than the last bucket are
-    truncated to it (callers warn).
+    truncated to it (callers warn). Every process gets every output.
     """
     outputs = [[] for _ in range(len(sources))]
     base_rng = jax.random.PRNGKey(setup.seed)
-    batches = batching.source_batches(sources, setup.boundaries, setup.batch_sizes)
+    rows = functools.partial(process_rows, mesh=setup.mesh)
+    batches = batching.source_batches(sources, setup.boundaries, setup.batch_sizes, rows)
     for batch_index, (inputs, indices) in enumerate(batches):
         max_length = decode_length(inputs.shape[1], setup.max_decode_length)
         sharded = shard_batch({"inputs": inputs}, setup.mesh)["inputs"]
         rng = jax.random.fold_in(base_rng, batch_index)
-        decoded = np.asarray(setup.decode_fn(params, sharded, rng, max_length=max_length))
+        decoded = setup.decode_fn(params, sharded, rng, max_length=max_length)
+        decoded = multihost_utils.process_allgather(decoded, tiled=True)  # [batch, max_length] on every process.
         for row, index in enumerate(indices):
             ids = decoded[row].tolist()
             outputs[index] = ids[: ids.index(EOS_ID)] if EOS_ID in ids else ids
@@ -175,6 +184,8 @@ def evaluate_split(
     scores["bleu"], scores["signature"] = bleu(hypotheses, text.targets)
     scores["chrf"], scores["chrf_signature"] = chrf(hypotheses, text.targets)
     scores["decoding"] = setup.decoding
+    if not distributed.is_main_process():
+        return scores, hypotheses
     os.makedirs(out_dir, exist_ok=True)
     for name, lines in (("hypotheses.txt", hypotheses), ("references.txt", text.targets)):
         with open(os.path.join(out_dir, name), "w", encoding="utf-8") as f:

@@ -84,6 +84,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
         batch_sizes(config, config.per_device_batch_size, mesh),
         config.seed,
         data_state,
+        rows=functools.partial(sharding.process_rows, mesh=mesh),
     )
     compiled_train_step = jit_train_step(model, tx, learning_rate_fn, label_smoothing=config.optimizer.label_smoothing)
     setup = eval_setup(config, model, corpus.tokenizer, mesh)
