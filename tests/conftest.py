@@ -2,6 +2,8 @@
 
 import gzip
 import os
+import subprocess
+import sys
 
 import pytest
 
@@ -62,3 +64,17 @@ def tiny_config(corpus_dir: str | None = None, **overrides):
             node = node[parent]
         node[leaf] = value
     return config
+
+
+def run_entry_point(script: str, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
+    """Runs `python <script> <args>` from the repository root as a user would, on the CPU, with a timeout."""
+    env = dict(os.environ, JAX_PLATFORMS="cpu", CUDA_VISIBLE_DEVICES="", TF_CPP_MIN_LOG_LEVEL="2")
+    return subprocess.run(
+        [sys.executable, script, *args],
+        cwd=REPO_ROOT,
+        input=stdin,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )

@@ -8,12 +8,10 @@ import gzip
 import hashlib
 import os
 import subprocess
-import sys
 
 import pytest
 from conftest import BUNDLED_CORPUS as CORPUS
-from conftest import REPO_ROOT as ROOT
-from conftest import tiny_config
+from conftest import run_entry_point, tiny_config
 
 from configs import tiny
 from configs.validation import validate_config
@@ -208,16 +206,7 @@ def test_evaluate_checkpoint_needs_a_checkpoint(tmp_path, exists):
 
 
 def run_train(workdir: str, *args: str) -> subprocess.CompletedProcess:
-    env = dict(os.environ, JAX_PLATFORMS="cpu", CUDA_VISIBLE_DEVICES="")
-    return subprocess.run(
-        [sys.executable, "train.py", "--config=configs/tiny.py", f"--workdir={workdir}", *args],
-        check=False,
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    return run_entry_point("train.py", "--config=configs/tiny.py", f"--workdir={workdir}", *args)
 
 
 def assert_clean_failure(result: subprocess.CompletedProcess, *names: str) -> None:

@@ -2,8 +2,6 @@
 
 import json
 import os
-import subprocess
-import sys
 
 import jax
 import jax.numpy as jnp
@@ -11,7 +9,7 @@ import numpy as np
 import optax
 import orbax.checkpoint as ocp
 import pytest
-from conftest import REPO_ROOT, tiny_config
+from conftest import run_entry_point, tiny_config
 
 from input_pipeline.batching import IteratorState
 from input_pipeline.tokenizer import load_tokenizer
@@ -188,23 +186,14 @@ def trained(small_corpus, tmp_path_factory):
 
 
 def _run_eval(config, workdir, *args):
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
-    return subprocess.run(
-        [
-            sys.executable,
-            "train.py",
-            "--config=configs/tiny.py",
-            f"--workdir={workdir}",
-            f"--config.dataset.path={config.dataset.path}",
-            "--config.eval.split=valid",
-            "--mode=eval",
-            *args,
-        ],
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=600,
+    return run_entry_point(
+        "train.py",
+        "--config=configs/tiny.py",
+        f"--workdir={workdir}",
+        f"--config.dataset.path={config.dataset.path}",
+        "--config.eval.split=valid",
+        "--mode=eval",
+        *args,
     )
 
 

@@ -2,13 +2,11 @@
 
 import json
 import os
-import subprocess
-import sys
 
 import jax
 import numpy as np
 import pytest
-from conftest import REPO_ROOT, tiny_config
+from conftest import run_entry_point, tiny_config
 
 from input_pipeline.tokenizer import load_tokenizer
 from training import loop, sharding
@@ -62,15 +60,7 @@ def test_resumed_training_equals_uninterrupted_training(small_corpus, tmp_path):
 
 
 def _run_cli(*args):
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
-    return subprocess.run(
-        [sys.executable, "train.py", *args],
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=600,
-    )
+    return run_entry_point("train.py", *args)
 
 
 def test_cli_trains_then_evaluates_a_checkpoint(small_corpus, tmp_path):

@@ -2,33 +2,18 @@
 
 import json
 import os
-import subprocess
-import sys
 
 import pytest
-from conftest import REPO_ROOT
+from conftest import run_entry_point
 
 pytestmark = pytest.mark.slow
-
-
-def _run(script, *args, stdin=None):
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
-    return subprocess.run(
-        [sys.executable, script, *args],
-        cwd=REPO_ROOT,
-        input=stdin,
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=600,
-    )
 
 
 @pytest.fixture(scope="module")
 def trained_workdir(small_corpus, tmp_path_factory):
     """A tiny run trained for 4 steps through the CLI (which also saves its config.json)."""
     workdir = str(tmp_path_factory.mktemp("translate") / "run")
-    trained = _run(
+    trained = run_entry_point(
         "train.py",
         "--config=configs/tiny.py",
         f"--workdir={workdir}",
@@ -42,7 +27,9 @@ def trained_workdir(small_corpus, tmp_path_factory):
 def test_translate_keeps_one_line_per_input_line(trained_workdir):
     long_line = " ".join(["Click the OK button to close the dialog."] * 20)  # Far over 32 subwords.
     lines = ["Click OK.", "", long_line, "   ", "Select a cell."]
-    result = _run("translate.py", f"--workdir={trained_workdir}", "--beam_size=2", stdin="\n".join(lines) + "\n")
+    result = run_entry_point(
+        "translate.py", f"--workdir={trained_workdir}", "--beam_size=2", stdin="\n".join(lines) + "\n"
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     outputs = result.stdout.split("\n")
     assert outputs[-1] == "" and len(outputs) == len(lines) + 1  # Every line ends with a newline.
@@ -55,9 +42,9 @@ def test_translate_from_a_file_equals_stdin_and_greedy_equals_beam_one(trained_w
     source = tmp_path / "in.en"
     source.write_text("Click OK.\nSelect a cell.\n", encoding="utf-8")
     out = tmp_path / "out.de"
-    from_file = _run("translate.py", f"--workdir={trained_workdir}", f"--input={source}", f"--output={out}")
+    from_file = run_entry_point("translate.py", f"--workdir={trained_workdir}", f"--input={source}", f"--output={out}")
     assert from_file.returncode == 0, from_file.stderr[-3000:]
-    beam_one = _run(
+    beam_one = run_entry_point(
         "translate.py", f"--workdir={trained_workdir}", "--beam_size=1", stdin=source.read_text(encoding="utf-8")
     )
     assert out.read_text(encoding="utf-8") == beam_one.stdout
@@ -71,19 +58,19 @@ def test_translate_reports_bad_requests_in_one_line(trained_workdir, tmp_path):
         ([f"--input={tmp_path / 'missing.txt'}"], "Cannot read --input="),
     ]
     for flags, message in cases:
-        result = _run("translate.py", f"--workdir={trained_workdir}", *flags, stdin="Click OK.\n")
+        result = run_entry_point("translate.py", f"--workdir={trained_workdir}", *flags, stdin="Click OK.\n")
         assert result.returncode == 2, (flags, result.stderr[-2000:])
         last = result.stderr.strip().splitlines()[-1]
         assert last.startswith("error:") and message in last, (flags, last)
         assert "Traceback" not in result.stderr
     empty = tmp_path / "empty_run"
     empty.mkdir()
-    result = _run("translate.py", f"--workdir={empty}", stdin="Click OK.\n")
+    result = run_entry_point("translate.py", f"--workdir={empty}", stdin="Click OK.\n")
     assert result.returncode == 2 and "config.json does not exist" in result.stderr
 
 
 def test_evaluation_with_beam_search_writes_bleu_and_chrf(trained_workdir, small_corpus):
-    result = _run(
+    result = run_entry_point(
         "train.py",
         "--config=configs/tiny.py",
         f"--workdir={trained_workdir}",
@@ -104,7 +91,7 @@ def test_evaluation_with_beam_search_writes_bleu_and_chrf(trained_workdir, small
 def test_translate_draws_attention_maps_for_given_or_translated_targets(trained_workdir, tmp_path):
     maps = tmp_path / "maps"
     lines = "Click OK.\tKlicken Sie auf OK.\n\nSelect a cell.\n"
-    result = _run("translate.py", f"--workdir={trained_workdir}", f"--attention_maps={maps}", stdin=lines)
+    result = run_entry_point("translate.py", f"--workdir={trained_workdir}", f"--attention_maps={maps}", stdin=lines)
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.count("\n") == 3
     assert sorted(os.listdir(maps)) == ["line_1", "line_3"]  # Nothing for the empty line.
