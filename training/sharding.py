@@ -113,12 +113,6 @@ def replicate(tree, mesh: Mesh):
     return jax.device_put(tree, NamedSharding(mesh, PartitionSpec()))
 
 
-def abstract_like(tree, mesh: Mesh):
-    """ShapeDtypeStructs of `tree` (arrays or structs), replicated on `mesh`: a restore target."""
-    replicated = NamedSharding(mesh, PartitionSpec())
-    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=replicated), tree)
-
-
 def shardings_from_boxes(boxed_tree: Any, mesh: Mesh, rules: LogicalRules) -> Any:
     """NamedShardings for a pytree whose leaves may be flax `LogicallyPartitioned` boxes.
 

@@ -1,8 +1,9 @@
 """Pure train and eval steps: teacher forcing and label-smoothed cross-entropy.
 
-Both are plain functions of pytrees with no host-side state; `jax.jit` (or any
-other transform) compiles them, and the batch may be sharded across devices:
-sums over the batch are global whatever the sharding.
+Both are plain functions of pytrees with no host-side state. `compile_train_step`
+compiles the train step with `jax.jit` over a device mesh (the batch, parameters
+and optimizer state sharded as training/sharding.py lays them out) or with
+`jax.pmap`; either way it equals the one-device step up to rounding.
 """
 
 import dataclasses
@@ -102,19 +103,18 @@ def _accumulated_loss_grads(
     """
     if num_micro_batches == 1:
         return _summed_loss_grads(params, batch, rng, **loss_kwargs)
-    micro_batches = jax.tree.map(lambda x: x.reshape(num_micro_batches, -1, *x.shape[1:]), batch)
+    # Micro-batch m takes rows m, m + M, m + 2M, ...: each device's block of rows
+    # holds a share of every micro-batch, so all devices work on each of them.
+    micro_batches = jax.tree.map(lambda x: x.reshape(-1, num_micro_batches, *x.shape[1:]).swapaxes(0, 1), batch)
+
+    def micro_batch_grads(micro_batch, index):
+        return _summed_loss_grads(params, micro_batch, jax.random.fold_in(rng, index), **loss_kwargs)
 
     def add_micro_batch(totals, micro_batch_and_index):
-        micro_batch, index = micro_batch_and_index
-        grads_and_sums = _summed_loss_grads(params, micro_batch, jax.random.fold_in(rng, index), **loss_kwargs)
-        return jax.tree.map(jnp.add, totals, grads_and_sums), None
+        return jax.tree.map(jnp.add, totals, micro_batch_grads(*micro_batch_and_index)), None
 
-    zeros = jax.tree.map(
-        jnp.zeros_like,
-        jax.eval_shape(
-            lambda: _summed_loss_grads(params, jax.tree.map(lambda x: x[0], micro_batches), rng, **loss_kwargs)
-        ),
-    )
+    first = jax.tree.map(lambda x: x[0], micro_batches)
+    zeros = jax.tree.map(jnp.zeros_like, jax.eval_shape(micro_batch_grads, first, 0))
     totals, _ = lax.scan(add_micro_batch, zeros, (micro_batches, jnp.arange(num_micro_batches)))
     return totals
 
@@ -184,63 +184,6 @@ def train_step(
     return new_state, metrics
 
 
-PMAP_AXIS = "devices"
-
-
-def jit_train_step(
-    model: Transformer,
-    tx: optax.GradientTransformation,
-    learning_rate_fn: optax.Schedule,
-    label_smoothing: float,
-    grad_accumulation_steps: int = 1,
-    state_shardings: Any = None,
-):
-    """`train_step` compiled with `jax.jit`, static arguments bound, the old state's buffers donated.
-
-    The state and batch may be sharded over any mesh: XLA partitions the step to
-    match. `state_shardings` (a TrainState of NamedShardings) pins the new state to
-    the old one's layout; without it XLA picks the output layout.
-    """
-    step = functools.partial(
-        train_step,
-        model=model,
-        tx=tx,
-        learning_rate_fn=learning_rate_fn,
-        label_smoothing=label_smoothing,
-        grad_accumulation_steps=grad_accumulation_steps,
-    )
-    if state_shardings is None:
-        return jax.jit(step, donate_argnums=0)
-    replicated = NamedSharding(jax.tree.leaves(state_shardings)[0].mesh, PartitionSpec())
-    return jax.jit(step, out_shardings=(state_shardings, replicated), donate_argnums=0)
-
-
-def pmap_train_step(
-    model: Transformer,
-    tx: optax.GradientTransformation,
-    learning_rate_fn: optax.Schedule,
-    label_smoothing: float,
-    grad_accumulation_steps: int = 1,
-):
-    """`train_step` compiled with `jax.pmap`: a replicated state and one batch slice per device.
-
-    Takes the state stacked with one copy per device and the batch reshaped to
-    [devices, batch / devices, ...] (training/sharding.py: `stack_for_pmap`,
-    `split_for_pmap`) and the same rng on every device; returns the stacked new
-    state and the metrics (equal on every device after the sums over devices) once.
-    """
-    step = functools.partial(
-        train_step,
-        model=model,
-        tx=tx,
-        learning_rate_fn=learning_rate_fn,
-        label_smoothing=label_smoothing,
-        grad_accumulation_steps=grad_accumulation_steps,
-        axis_name=PMAP_AXIS,
-    )
-    return jax.pmap(step, axis_name=PMAP_AXIS, in_axes=(0, 0, None), out_axes=(0, None), donate_argnums=0)
-
-
 def eval_step(params: Any, batch: Batch, *, model: Transformer) -> dict[str, jax.Array]:
     """Sums of 'nll', 'correct' and 'tokens' on a batch, without dropout or smoothing."""
     logits = model.apply({"params": params}, batch["inputs"], batch["targets"], deterministic=True)
@@ -263,6 +206,9 @@ class CompiledTrainStep:
     leave: Callable  # the step's layout -> TrainState on the mesh
 
 
+PMAP_AXIS = "devices"
+
+
 def compile_train_step(
     compilation: str,
     mesh: Mesh,
@@ -275,8 +221,18 @@ def compile_train_step(
     label_smoothing: float,
     grad_accumulation_steps: int = 1,
 ) -> CompiledTrainStep:
-    """The train step compiled as `compilation` says ('jit' over `mesh` or 'pmap' over its devices)."""
-    step_args = dict(
+    """`train_step` compiled as `compilation` says, its static arguments bound, the old state donated.
+
+    'jit': one program over `mesh`; the state and batch come in sharded (by
+    `state_shardings` and the 'batch' rule of `rules`) and XLA partitions the step
+    to match. The new state keeps `state_shardings`; the metrics come out replicated.
+
+    'pmap': one copy of the program per device of `mesh` (data parallel: the mesh's
+    model axes must have size 1). The state is stacked with one copy per device, the
+    batch reshaped to [devices, batch / devices, ...]; every device gets the same rng.
+    """
+    step = functools.partial(
+        train_step,
         model=model,
         tx=tx,
         learning_rate_fn=learning_rate_fn,
@@ -284,14 +240,23 @@ def compile_train_step(
         grad_accumulation_steps=grad_accumulation_steps,
     )
     if compilation == "pmap":
+        # Metrics are equal on every device after the sums over devices: returned once.
+        run = jax.pmap(
+            functools.partial(step, axis_name=PMAP_AXIS),
+            axis_name=PMAP_AXIS,
+            in_axes=(0, 0, None),
+            out_axes=(0, None),
+            donate_argnums=0,
+        )
         return CompiledTrainStep(
-            run=pmap_train_step(**step_args),
+            run=run,
             place_batch=lambda batch: sharding.split_for_pmap(batch, mesh),
             enter=lambda state: sharding.stack_for_pmap(state, mesh),
             leave=lambda state: sharding.unstack_from_pmap(state, mesh),
         )
+    replicated = NamedSharding(mesh, PartitionSpec())
     return CompiledTrainStep(
-        run=jit_train_step(**step_args, state_shardings=state_shardings),
+        run=jax.jit(step, out_shardings=(state_shardings, replicated), donate_argnums=0),
         place_batch=lambda batch: sharding.shard_batch(batch, mesh, rules),
         enter=lambda state: state,
         leave=lambda state: state,
