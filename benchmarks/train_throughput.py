@@ -6,7 +6,9 @@ r"""Train-step throughput on a config's real batches: compile time, steps/s, tar
 For each compute dtype, in one process: compiles the step for every bucket
 shape (compile time = first calls minus ordinary steps), then times `--steps` steps on the training stream
 and reports the median step time after warm-up. Dtypes alternate in rounds so
-that a noisy neighbour affects both alike.
+that a noisy neighbour affects both alike. The step is compiled as the training
+loop compiles it: config.step_compilation over config.mesh, with
+config.grad_accumulation_steps (override any of them, e.g. --config.mesh.fsdp=2).
 """
 
 import statistics
@@ -20,10 +22,10 @@ from ml_collections import config_flags
 from input_pipeline import batching
 from input_pipeline.corpus import load_corpus
 from training import sharding
-from training.loop import batch_sizes
+from training.loop import batch_sizes, initial_state, state_shardings
 from training.optimizer import make_optimizer
-from training.state import create_train_state, make_model
-from training.steps import jit_train_step
+from training.state import make_model
+from training.steps import compile_train_step
 
 _CONFIG = config_flags.DEFINE_config_file("config", "configs/quickstart.py", "Config file.")
 _DTYPES = flags.DEFINE_list("dtypes", ["float32", "bfloat16"], "Compute dtypes to compare.")
@@ -33,29 +35,41 @@ _MAX_WARMUP_STEPS = 200
 
 
 def _runner(config, corpus, dtype, mesh):
+    """The train step as the training loop compiles it (config.step_compilation, config.mesh), for `dtype`."""
     config = config.copy_and_resolve_references()
     config.model.dtype = dtype
     model = make_model(config, corpus.tokenizer.vocab_size())
     tx, schedule = make_optimizer(config.optimizer)
-    state = sharding.replicate(create_train_state(model, tx, config.seed), mesh)
-    step_fn = jit_train_step(model, tx, schedule, config.optimizer.label_smoothing)
-    sizes = batch_sizes(config, config.per_device_batch_size, mesh)
+    shardings = state_shardings(config, model, tx, mesh)
+    state = initial_state(config, model, tx, shardings)
+    train_step = compile_train_step(
+        config.step_compilation,
+        mesh,
+        config.mesh.rules,
+        shardings,
+        model=model,
+        tx=tx,
+        learning_rate_fn=schedule,
+        label_smoothing=config.optimizer.label_smoothing,
+        grad_accumulation_steps=config.grad_accumulation_steps,
+    )
+    sizes = batch_sizes(config, config.per_device_batch_size, mesh, config.grad_accumulation_steps)
     stream = batching.TrainBatches(
         corpus.ids[config.dataset.train_split], config.dataset.bucket_boundaries, sizes, config.seed
     )
-    return {"state": state, "step_fn": step_fn, "stream": stream, "first_call_seconds": 0.0}
+    return {"state": train_step.enter(state), "train_step": train_step, "stream": stream, "first_call_seconds": 0.0}
 
 
-def _time_steps(runner, mesh, num_steps):
+def _time_steps(runner, num_steps):
     """Runs `num_steps` steps; returns their seconds, target tokens and padded lengths."""
     step_seconds, tokens, lengths = [], [], []
     state = runner["state"]
     for i in range(num_steps):
         batch = next(runner["stream"])
         lengths.append(batch["inputs"].shape[1])
-        batch = sharding.shard_batch(batch, mesh)
+        batch = runner["train_step"].place_batch(batch)
         start = time.perf_counter()
-        state, metrics = runner["step_fn"](state, batch, jax.random.fold_in(state.rng, i))
+        state, metrics = runner["train_step"].run(state, batch, jax.random.PRNGKey(i))
         tokens.append(float(metrics["tokens"]))  # Waits for the step.
         step_seconds.append(time.perf_counter() - start)
     runner["state"] = state
@@ -65,7 +79,7 @@ def _time_steps(runner, mesh, num_steps):
 def main(argv):
     del argv
     config = _CONFIG.value
-    mesh = sharding.make_mesh()
+    mesh = sharding.make_mesh(config.mesh)
     with tempfile.TemporaryDirectory() as workdir:
         splits = (config.dataset.train_split,)
         corpus = load_corpus(config, workdir, splits, allow_training_tokenizer=True)
@@ -74,7 +88,7 @@ def main(argv):
         for runner in runners.values():
             seen = set()
             for _ in range(_MAX_WARMUP_STEPS):
-                seconds, _, lengths = _time_steps(runner, mesh, 1)
+                seconds, _, lengths = _time_steps(runner, 1)
                 if lengths[0] not in seen:
                     seen.add(lengths[0])
                     runner["first_call_seconds"] += seconds[0]
@@ -83,7 +97,7 @@ def main(argv):
         timings = {dtype: ([], []) for dtype in runners}
         for _ in range(_ROUNDS.value):
             for dtype, runner in runners.items():
-                seconds, tokens, _ = _time_steps(runner, mesh, _STEPS.value)
+                seconds, tokens, _ = _time_steps(runner, _STEPS.value)
                 timings[dtype][0].extend(seconds)
                 timings[dtype][1].extend(tokens)
 

@@ -29,6 +29,34 @@ def get_config() -> ml_collections.ConfigDict:
     # per_device_batch_size * num_devices * dataset.max_length.
     # 12 x 8 devices x 256 ≈ 24.6k padded target tokens a batch, about the paper's 25k.
     config.per_device_batch_size = 12
+    # Micro-batches per optimizer step: each holds the batch above, and their
+    # gradients are summed (lax.scan) before one update, so a batch this many times
+    # larger fits in the memory of one (e.g. the paper's 25k tokens on 1 GPU: 8).
+    config.grad_accumulation_steps = 1
+    # How the train step is compiled: 'jit' over the mesh below (data, FSDP and
+    # tensor parallelism), or 'pmap' (data parallel only: the state replicated on
+    # every device, gradients summed with lax.psum; needs mesh.fsdp = mesh.tensor = 1).
+    config.step_compilation = "jit"
+
+    # The device mesh: data x fsdp x tensor must equal the number of devices;
+    # one axis may be -1, taking the devices the others leave.
+    config.mesh = mesh = ml_collections.ConfigDict()
+    mesh.data = -1  # Batch split, state replicated.
+    mesh.fsdp = 1  # Batch split, parameters and optimizer state sharded (on the 'embed' axis).
+    mesh.tensor = 1  # Attention heads, feed-forward units and vocabulary split; batch replicated.
+    # Logical axis -> mesh axis (or tuple of axes, or None: replicated). Parameters
+    # name their dimensions 'embed' (d_model), 'heads', 'kv' (head_dim), 'mlp' (d_ff),
+    # 'vocab' and 'norm' (LayerNorm); batches are split on 'batch'. The first rule
+    # naming an axis wins, and a mesh axis shards at most one dimension of an array.
+    mesh.rules = (
+        ("batch", ("data", "fsdp")),
+        ("vocab", "tensor"),
+        ("heads", "tensor"),
+        ("mlp", "tensor"),
+        ("embed", "fsdp"),
+        ("kv", None),
+        ("norm", None),
+    )
 
     config.dataset = dataset = ml_collections.ConfigDict()
     # A TFDS name ('wmt14_translate/de-en', 'wmt17_translate/de-en', ...) or

@@ -1,7 +1,10 @@
 """Checks that a config can work before anything is built or written."""
 
+import jax
 import ml_collections
+import numpy as np
 
+from training import sharding
 from training.errors import UserInputError
 
 _CHOICES = {
@@ -9,6 +12,7 @@ _CHOICES = {
     "model.norm_placement": ("post", "pre"),
     "model.dtype": ("float32", "bfloat16"),
     "tokenizer.model_type": ("unigram", "bpe"),
+    "step_compilation": ("jit", "pmap"),
 }
 _POSITIVE = (
     "num_train_steps",
@@ -17,6 +21,7 @@ _POSITIVE = (
     "checkpoint_every_steps",
     "keep_checkpoints",
     "per_device_batch_size",
+    "grad_accumulation_steps",
     "dataset.max_length",
     "tokenizer.vocab_size",
     "tokenizer.max_training_sentences",
@@ -32,6 +37,15 @@ _POSITIVE = (
 )
 
 
+# Logical axes of the parameters (models/) and the config fields that size them.
+_MODEL_DIMENSIONS = {
+    "embed": "model.d_model",
+    "heads": "model.num_heads",
+    "mlp": "model.d_ff",
+    "vocab": "tokenizer.vocab_size",
+}
+
+
 def _get(config: ml_collections.ConfigDict, dotted: str):
     value = config
     for part in dotted.split("."):
@@ -39,8 +53,13 @@ def _get(config: ml_collections.ConfigDict, dotted: str):
     return value
 
 
-def validate_config(config: ml_collections.ConfigDict) -> None:
-    """Raises UserInputError naming the first field that cannot work."""
+def validate_config(config: ml_collections.ConfigDict, num_devices: int | None = None) -> None:
+    """Raises UserInputError naming the first field that cannot work.
+
+    Args:
+        config: the config.
+        num_devices: the devices the mesh spans; default: all of them (jax.device_count()).
+    """
     for field in _POSITIVE:
         if not _get(config, field) > 0:
             raise UserInputError(f"config.{field} is {_get(config, field)!r}; it must be positive.")
@@ -95,6 +114,7 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
             "config.dataset.name is 'parallel_text' but config.dataset.path is "
             "empty; set --config.dataset.path to a folder of train/valid/test files."
         )
+    _validate_mesh(config, jax.device_count() if num_devices is None else num_devices)
     if config.dataset.source_lang == config.dataset.target_lang:
         raise UserInputError(
             f"config.dataset.source_lang and target_lang are both {config.dataset.source_lang!r}; they must differ."
@@ -115,3 +135,36 @@ def _validate_decoding(eval_config: ml_collections.ConfigDict) -> None:
         )
     if eval_config.top_k > 0 and eval_config.temperature == 0:
         raise UserInputError("config.eval.top_k applies to sampling only; set config.eval.temperature > 0 too.")
+
+
+def _validate_mesh(config: ml_collections.ConfigDict, num_devices: int) -> None:
+    """The mesh fits the devices, every sharded model dimension divides evenly, pmap has no model axes."""
+    shape = sharding.mesh_shape(config.mesh, num_devices)
+    rules = config.mesh.rules
+    try:
+        for axis in ("batch", *_MODEL_DIMENSIONS):
+            sharding.mesh_axes_of(axis, rules)
+    except (TypeError, ValueError):
+        raise UserInputError(
+            f"config.mesh.rules {rules!r} must be pairs (logical axis, mesh axis or tuple of mesh axes or None)."
+        ) from None
+    for name, mesh_axes in sharding.logical_rules(rules):
+        unknown = set((mesh_axes,) if isinstance(mesh_axes, str) else mesh_axes or ()) - set(sharding.MESH_AXES)
+        if unknown:
+            raise UserInputError(
+                f"config.mesh.rules maps {name!r} to {sorted(unknown)}; mesh axes are {sharding.MESH_AXES}."
+            )
+    for logical_axis, field in _MODEL_DIMENSIONS.items():
+        mesh_axes = sharding.mesh_axes_of(logical_axis, rules)
+        parts = int(np.prod([shape[axis] for axis in mesh_axes]))
+        if _get(config, field) % parts:
+            raise UserInputError(
+                f"config.{field} ({_get(config, field)}) is not divisible by {parts}, the size of mesh axes "
+                f"{mesh_axes} that config.mesh.rules split {logical_axis!r} over; change the model or the mesh "
+                f"({', '.join(f'{a}={n}' for a, n in shape.items())})."
+            )
+    if config.step_compilation == "pmap" and (shape["fsdp"] > 1 or shape["tensor"] > 1):
+        raise UserInputError(
+            "config.step_compilation='pmap' is data parallel only; set config.mesh.fsdp and config.mesh.tensor to 1 "
+            "or use step_compilation='jit'."
+        )

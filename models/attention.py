@@ -130,7 +130,7 @@ class MultiHeadAttention(nn.Module):
             use_bias=False,
             dtype=self.dtype,
             dot_general=float32_accumulating_dot_general,
-            kernel_init=nn.initializers.xavier_uniform(),
+            kernel_init=nn.with_logical_partitioning(nn.initializers.xavier_uniform(), ('embed', 'heads', 'kv')),
         )
         self.query = project_to_heads()
         self.key = project_to_heads()
@@ -141,7 +141,7 @@ class MultiHeadAttention(nn.Module):
             use_bias=False,
             dtype=self.dtype,
             dot_general=float32_accumulating_dot_general,
-            kernel_init=nn.initializers.xavier_uniform(),
+            kernel_init=nn.with_logical_partitioning(nn.initializers.xavier_uniform(), ('heads', 'kv', 'embed')),
         )
 
     def project_key_value(self, inputs_kv: Array) -> tuple[Array, Array]:

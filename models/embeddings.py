@@ -50,7 +50,7 @@ class TokenEmbedding(nn.Module):
     def setup(self):
         self.embedding = self.param(
             'embedding',
-            nn.initializers.normal(stddev=self.d_model**-0.5),
+            nn.with_logical_partitioning(nn.initializers.normal(stddev=self.d_model**-0.5), ('vocab', 'embed')),
             (self.vocab_size, self.d_model),
             jnp.float32,
         )
@@ -85,7 +85,12 @@ class PositionalEncoding(nn.Module):
         if self.kind == 'sinusoidal':
             table = jnp.asarray(sinusoidal_positions(self.max_len, d_model))
         elif self.kind == 'learned':
-            table = self.param('embedding', nn.initializers.normal(stddev=0.02), (self.max_len, d_model), jnp.float32)
+            table = self.param(
+                'embedding',
+                nn.with_logical_partitioning(nn.initializers.normal(stddev=0.02), (None, 'embed')),
+                (self.max_len, d_model),
+                jnp.float32,
+            )
         else:
             raise ValueError(f"Unknown positional encoding {self.kind!r}; expected 'sinusoidal' or 'learned'.")
         return embeddings + jax.lax.dynamic_slice_in_dim(table, offset, length)[None]

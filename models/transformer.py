@@ -88,6 +88,15 @@ def add_residual(
     return norm(x + dropout(sublayer(x), deterministic=deterministic))
 
 
+def _kernel_init(*logical_axes: str) -> nn.initializers.Initializer:
+    """Glorot-uniform weights, their dimensions named for sharding (see training/sharding.py)."""
+    return nn.with_logical_partitioning(nn.initializers.xavier_uniform(), logical_axes)
+
+
+def _bias_init(logical_axis: str) -> nn.initializers.Initializer:
+    return nn.with_logical_partitioning(nn.initializers.zeros_init(), (logical_axis,))
+
+
 class FeedForward(nn.Module):
     """Position-wise FFN(x) = max(0, x W_1 + b_1) W_2 + b_2 (section 3.3). [b, l, d_model] -> same."""
 
@@ -97,14 +106,10 @@ class FeedForward(nn.Module):
     @nn.compact
     def __call__(self, x: Array) -> Array:
         d_model = x.shape[-1]
-        dense = functools.partial(
-            nn.Dense,
-            dtype=self.dtype,
-            dot_general=float32_accumulating_dot_general,
-            kernel_init=nn.initializers.xavier_uniform(),
-        )
-        hidden = nn.relu(dense(self.d_ff, name='hidden')(x))
-        return dense(d_model, name='output')(hidden)
+        dense = functools.partial(nn.Dense, dtype=self.dtype, dot_general=float32_accumulating_dot_general)
+        hidden = dense(self.d_ff, kernel_init=_kernel_init('embed', 'mlp'), bias_init=_bias_init('mlp'), name='hidden')
+        output = dense(d_model, kernel_init=_kernel_init('mlp', 'embed'), bias_init=_bias_init('embed'), name='output')
+        return output(nn.relu(hidden(x)))
 
 
 def _multi_head_attention(config: TransformerConfig) -> MultiHeadAttention:
@@ -113,7 +118,13 @@ def _multi_head_attention(config: TransformerConfig) -> MultiHeadAttention:
 
 def _layer_norm(name: str | None = None) -> nn.LayerNorm:
     # Always float32: normalisation statistics are precision sensitive.
-    return nn.LayerNorm(epsilon=1e-6, dtype=jnp.float32, name=name)
+    return nn.LayerNorm(
+        epsilon=1e-6,
+        dtype=jnp.float32,
+        scale_init=nn.with_logical_partitioning(nn.initializers.ones_init(), ('norm',)),
+        bias_init=_bias_init('norm'),
+        name=name,
+    )
 
 
 class EncoderLayer(nn.Module):
@@ -395,7 +406,7 @@ class Transformer(nn.Module):
                 use_bias=False,
                 dtype=dtype,
                 dot_general=float32_accumulating_dot_general,
-                kernel_init=nn.initializers.xavier_uniform(),
+                kernel_init=_kernel_init('embed', 'vocab'),
             )
             source_embedding, target_embedding = self.source_embedding, self.target_embedding
         self.encoder = Encoder(config, source_embedding)

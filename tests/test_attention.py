@@ -1,5 +1,6 @@
 """Tests for models/attention.py: scaled dot-product attention, masks, multi-head attention."""
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -98,7 +99,7 @@ def _init_multi_head_attention(d_model=32):
     inputs_kv = jnp.asarray(rng.normal(size=(BATCH, KV_LEN, d_model)), jnp.float32)
     mask = padding_mask(jnp.asarray(QUERY_VALID), jnp.asarray(KEY_VALID))
     layer = MultiHeadAttention(num_heads=HEADS, d_model=d_model)
-    params = layer.init(jax.random.key(0), inputs_q, inputs_kv, mask, deterministic=True)['params']
+    params = nn.unbox(layer.init(jax.random.key(0), inputs_q, inputs_kv, mask, deterministic=True)['params'])
     return layer, params, inputs_q, inputs_kv, mask
 
 

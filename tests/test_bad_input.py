@@ -189,6 +189,32 @@ def test_validate_config_names_the_field(overrides, message):
         validate_config(tiny_config(**overrides))
 
 
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        ({"mesh.data": 3}, r"config\.mesh \(data=3, fsdp=1, tensor=1\) does not fit the 8 devices"),
+        ({"mesh.fsdp": 3}, r"config\.mesh \(data=-1, fsdp=3, tensor=1\) does not fit the 8 devices"),
+        ({"mesh.fsdp": -1}, r"at most one of them -1"),
+        (
+            {"mesh.tensor": 4},
+            r"config\.model\.num_heads \(2\) is not divisible by 4, the size of mesh axes \('tensor',\)",
+        ),
+        (
+            {"mesh.tensor": 2, "tokenizer.vocab_size": 301},
+            r"config\.tokenizer\.vocab_size \(301\) is not divisible by 2",
+        ),
+        ({"mesh.rules": (("batch", "data"), ("embed", "model"))}, r"maps 'embed' to \['model'\]"),
+        ({"step_compilation": "pmap", "mesh.fsdp": 2}, r"step_compilation='pmap' is data parallel only"),
+        ({"step_compilation": "pjit"}, r"config\.step_compilation is 'pjit'; choose one of"),
+        ({"grad_accumulation_steps": 0}, r"config\.grad_accumulation_steps is 0; it must be positive"),
+    ],
+)
+def test_validate_config_names_the_mesh_problem(overrides, message):
+    validate_config(tiny_config(), num_devices=8)  # The baseline fits 8 devices.
+    with pytest.raises(UserInputError, match=message):
+        validate_config(tiny_config(**overrides), num_devices=8)
+
+
 # --- Evaluating a workdir without checkpoints, function level ---------------------------------------------
 
 

@@ -4,6 +4,7 @@ import dataclasses
 import functools
 import itertools
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -38,7 +39,7 @@ def _model(dtype="float32", norm_placement="pre", positional_encoding="sinusoida
     model = Transformer(config)
     rng = np.random.default_rng(0)
     inputs = jnp.asarray(rng.integers(4, vocab_size, (3, 9)), jnp.int32).at[1, 6:].set(PAD)
-    params = model.init(jax.random.PRNGKey(1), inputs, inputs, deterministic=True)["params"]
+    params = nn.unbox(model.init(jax.random.PRNGKey(1), inputs, inputs, deterministic=True)["params"])
     return model, params, inputs
 
 

@@ -3,6 +3,7 @@
 import dataclasses
 import math
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -20,7 +21,8 @@ TARGETS = jnp.array([[11, 12, 13, 3, 0], [14, 3, 0, 0, 0]], dtype=jnp.int32)
 
 def init(config=TINY, inputs=INPUTS, targets=TARGETS):
     model = Transformer(config)
-    params = model.init(jax.random.key(0), inputs, targets, deterministic=True)['params']
+    # Unboxed from their logical-axis (sharding) annotations, as training stores them.
+    params = nn.unbox(model.init(jax.random.key(0), inputs, targets, deterministic=True)['params'])
     return model, params
 
 
@@ -141,10 +143,21 @@ def test_param_names(tiny):
     assert not any(name.startswith(('encoder/layers_2', 'decoder/layers_2')) for name in names)
 
 
+def test_every_parameter_names_a_logical_axis_per_dimension():
+    config = dataclasses.replace(TINY, tie_embeddings=False, positional_encoding='learned')
+    boxed = Transformer(config).init(jax.random.key(0), INPUTS, TARGETS, deterministic=True)['params']
+    leaves = jax.tree_util.tree_leaves(boxed, is_leaf=lambda x: isinstance(x, nn.LogicallyPartitioned))
+    assert all(isinstance(leaf, nn.LogicallyPartitioned) for leaf in leaves)
+    assert all(len(leaf.names) == leaf.value.ndim for leaf in leaves)
+    query = boxed['encoder']['layers_0']['self_attention']['query']['kernel']
+    assert query.names == ('embed', 'heads', 'kv') and query.value.shape == (32, 4, 8)
+    assert boxed['output_projection']['kernel'].names == ('embed', 'vocab')
+
+
 def test_bfloat16_computes_float32_logits_with_float32_params(tiny):
     model_32, params = tiny
     model_16 = Transformer(dataclasses.replace(TINY, dtype='bfloat16'))
-    params_16 = model_16.init(jax.random.key(0), INPUTS, TARGETS, deterministic=True)['params']
+    params_16 = nn.unbox(model_16.init(jax.random.key(0), INPUTS, TARGETS, deterministic=True)['params'])
     assert all(p.dtype == jnp.float32 for p in jax.tree_util.tree_leaves(params_16))
 
     logits_16 = jax.jit(model_16.apply, static_argnames='deterministic')(

@@ -9,6 +9,7 @@ import json
 import os
 from collections.abc import Sequence
 
+import flax.linen as nn
 import jax
 import ml_collections
 import sentencepiece as spm
@@ -21,7 +22,7 @@ from models import Transformer
 from training import evaluation, sharding
 from training.checkpointing import Checkpointer, Selection, checkpoint_dir
 from training.errors import UserInputError
-from training.state import init_params, make_model
+from training.state import init_boxed_params, make_model
 
 CONFIG_FILE = "config.json"
 
@@ -55,7 +56,7 @@ class TrainedModel:
     """Parameters restored from a workdir, with what it takes to use them."""
 
     model: Transformer
-    params: object  # The parameter pytree, replicated on `mesh`.
+    params: object  # The parameter pytree, laid out on `mesh` by config.mesh.rules.
     tokenizer: spm.SentencePieceProcessor
     mesh: jax.sharding.Mesh
     selection: Selection  # Which checkpoint(s) the parameters come from.
@@ -82,12 +83,16 @@ def load_trained_model(config: ml_collections.ConfigDict, workdir: str, checkpoi
     if not os.path.exists(tokenizer_path):
         raise UserInputError(f"{tokenizer_path} does not exist: {workdir} holds no trained run.")
     tokenizer = tokenizer_lib.load_tokenizer(tokenizer_path)
-    mesh = sharding.make_mesh()
+    mesh = sharding.make_mesh(config.mesh)
     model = make_model(config, tokenizer.vocab_size())
-    abstract_params = jax.eval_shape(lambda: init_params(model, jax.random.PRNGKey(0)))
+    # Parameters are restored straight onto their shards, as config.mesh.rules lay them out.
+    boxed = jax.eval_shape(lambda: init_boxed_params(model, jax.random.PRNGKey(0)))
+    abstract_params = sharding.with_shardings(
+        nn.unbox(boxed), sharding.shardings_from_boxes(boxed, mesh, config.mesh.rules)
+    )
     checkpointer = Checkpointer(workdir, read_only=True)
     try:
-        params, selection = checkpointer.load_params(checkpoint, sharding.abstract_like(abstract_params, mesh))
+        params, selection = checkpointer.load_params(checkpoint, abstract_params)
     finally:
         checkpointer.close()
     return TrainedModel(model, params, tokenizer, mesh, selection)

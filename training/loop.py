@@ -20,13 +20,31 @@ from training.inference import load_trained_model, save_config, write_attention_
 from training.metrics_writer import MetricWriter
 from training.optimizer import make_optimizer
 from training.state import TrainState, create_train_state, make_model
-from training.steps import eval_step, jit_train_step
+from training.steps import compile_train_step, eval_step
 
 
-def batch_sizes(config: ml_collections.ConfigDict, per_device: int, mesh: jax.sharding.Mesh) -> dict[int, int]:
-    """Bucket batch sizes carrying per_device * devices * max_length tokens each."""
-    tokens = per_device * mesh.size * config.dataset.max_length
-    return batching.bucket_batch_sizes(config.dataset.bucket_boundaries, tokens, mesh.size)
+def batch_sizes(
+    config: ml_collections.ConfigDict, per_device: int, mesh: jax.sharding.Mesh, micro_batches: int = 1
+) -> dict[int, int]:
+    """Bucket batch sizes carrying per_device * batch shards * micro_batches * max_length tokens each.
+
+    A batch is split into `micro_batches` (gradient accumulation), each over the
+    mesh's batch shards (data x fsdp; devices along 'tensor' share their batch).
+    """
+    shards = sharding.num_batch_shards(mesh, config.mesh.rules) * micro_batches
+    tokens = per_device * shards * config.dataset.max_length
+    return batching.bucket_batch_sizes(config.dataset.bucket_boundaries, tokens, shards)
+
+
+def state_shardings(config: ml_collections.ConfigDict, model, tx, mesh: jax.sharding.Mesh) -> TrainState:
+    """NamedShardings of the train state on `mesh`: parameters and Adam moments as config.mesh.rules say."""
+    boxed = jax.eval_shape(lambda: create_train_state(model, tx, config.seed, boxed=True))
+    return sharding.shardings_from_boxes(boxed, mesh, config.mesh.rules)
+
+
+def initial_state(config: ml_collections.ConfigDict, model, tx, shardings: TrainState) -> TrainState:
+    """A fresh state from config.seed, laid out as `shardings`; each device computes only its own shards."""
+    return jax.jit(lambda: create_train_state(model, tx, config.seed), out_shardings=shardings)()
 
 
 def eval_setup(config, model, tokenizer, mesh) -> evaluation.EvalSetup:
@@ -67,26 +85,38 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
     corpus = load_corpus(config, workdir, splits, allow_training_tokenizer=True)
     if jax.process_index() == 0:
         save_config(config, workdir)  # For translate.py and evaluation without the config file.
-    mesh = sharding.make_mesh()
+    mesh = sharding.make_mesh(config.mesh)
+    logging.info("Mesh %s, %s step.", dict(mesh.shape), config.step_compilation)
     model = make_model(config, corpus.tokenizer.vocab_size())
     tx, learning_rate_fn = make_optimizer(config.optimizer)
+    shardings = state_shardings(config, model, tx, mesh)
     checkpointer = Checkpointer(workdir, keep=config.keep_checkpoints)
     if (latest := checkpointer.latest_step()) is not None:
         state, data_state = restore_checkpoint(checkpointer, latest, config, model, tx, mesh)
         logging.info("Resumed from step %d (data position %s).", latest, data_state)
     else:
-        state = sharding.replicate(create_train_state(model, tx, config.seed), mesh)
+        state = initial_state(config, model, tx, shardings)
         data_state = batching.IteratorState()
 
     train_batches = batching.TrainBatches(
         corpus.ids[dataset.train_split],
         dataset.bucket_boundaries,
-        batch_sizes(config, config.per_device_batch_size, mesh),
+        batch_sizes(config, config.per_device_batch_size, mesh, config.grad_accumulation_steps),
         config.seed,
         data_state,
-        rows=functools.partial(sharding.process_rows, mesh=mesh),
+        rows=functools.partial(sharding.process_rows, mesh=mesh, rules=config.mesh.rules),
     )
-    compiled_train_step = jit_train_step(model, tx, learning_rate_fn, label_smoothing=config.optimizer.label_smoothing)
+    train_step = compile_train_step(
+        config.step_compilation,
+        mesh,
+        config.mesh.rules,
+        shardings,
+        model=model,
+        tx=tx,
+        learning_rate_fn=learning_rate_fn,
+        label_smoothing=config.optimizer.label_smoothing,
+        grad_accumulation_steps=config.grad_accumulation_steps,
+    )
     setup = eval_setup(config, model, corpus.tokenizer, mesh)
     bleu_text, bleu_ids = _head(
         corpus.text[dataset.valid_split], corpus.ids[dataset.valid_split], config.eval.num_bleu_sentences
@@ -94,6 +124,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
     train_writer, valid_writer = MetricWriter(workdir, "train"), MetricWriter(workdir, "valid")
 
     first_step = int(state.step)
+    base_rng = state.rng.copy()  # Step keys fold in from it; the state's own buffers are donated.
+    step_state = train_step.enter(state)
     pending, interval_start = [], time.perf_counter()
     progress = tqdm(
         total=config.num_train_steps,
@@ -103,8 +135,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
         disable=jax.process_index() != 0,
     )
     for step in range(first_step + 1, config.num_train_steps + 1):
-        batch = sharding.shard_batch(next(train_batches), mesh)
-        state, metrics = compiled_train_step(state, batch, jax.random.fold_in(state.rng, step))
+        batch = train_step.place_batch(next(train_batches))
+        step_state, metrics = train_step.run(step_state, batch, jax.random.fold_in(base_rng, step))
         pending.append(metrics)
         progress.update()
         last = step == config.num_train_steps
@@ -114,6 +146,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
             train_writer.write(step, summary)
             progress.set_postfix(loss=f"{summary['loss']:.3f}", tok_s=f"{summary['target_tokens_per_second']:.0f}")
             pending, interval_start = [], time.perf_counter()
+        if step % config.eval_every_steps == 0 or step % config.checkpoint_every_steps == 0 or last:
+            state = train_step.leave(step_state)
         if step % config.eval_every_steps == 0 or last:
             jax.block_until_ready(state)  # Steps still running count as training time.
             eval_start = time.perf_counter()
@@ -146,12 +180,13 @@ def restore_checkpoint(
     tx,
     mesh: jax.sharding.Mesh,
 ) -> tuple[TrainState, batching.IteratorState]:
-    """The train state and data position saved at `step`, replicated on `mesh`.
+    """The train state and data position saved at `step`, sharded on `mesh` as config.mesh.rules say.
 
+    The checkpoint may come from any mesh: Orbax reads each device's shards.
     `model`, `tx` and the config's seed give the state's structure, without computing it.
     """
     like = jax.eval_shape(lambda: create_train_state(model, tx, config.seed))
-    return checkpointer.restore(step, sharding.abstract_like(like, mesh))
+    return checkpointer.restore(step, sharding.with_shardings(like, state_shardings(config, model, tx, mesh)))
 
 
 def _summarize(metrics: list[dict[str, np.ndarray]], seconds: float) -> dict[str, float]:

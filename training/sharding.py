@@ -1,68 +1,200 @@
-"""Device mesh and placement: the batch is split over the 'data' axis, the state replicated.
+"""The device mesh, logical-axis rules, and placement of batches and state on the mesh.
 
-With several processes, the mesh spans the devices of all of them and every
-array here is global: each process holds only the shards of its own devices.
-A batch is built from the rows each process has read itself
-(`process_rows`, `shard_batch`).
+The mesh has three named axes (any may have size 1):
+  data    splits the batch; parameters and optimizer state are replicated along it.
+  fsdp    splits the batch too, and shards parameters and optimizer state (ZeRO-3 /
+          fully sharded data parallel): each weight is gathered where it is used.
+  tensor  splits attention heads, the feed-forward hidden units and the vocabulary
+          (Megatron-style tensor parallelism); the batch is replicated along it.
+
+Parameters name their dimensions with logical axes ('embed', 'heads', 'kv', 'mlp',
+'vocab', 'norm'; see models/); batches are ('batch', 'length'). A rules table,
+`config.mesh.rules`, maps logical axes to mesh axes, so changing how a model is
+sharded is a config change, not code. `jax.jit` then compiles one SPMD program for
+the shardings of its inputs (GSPMD inserts the collectives).
+
+With several processes, the mesh spans the devices of all of them and every array
+here is global: each process holds only the shards of its own devices, and builds
+each batch from the rows it has read itself (`process_rows`, `shard_batch`).
 """
 
 import functools
+from collections.abc import Sequence
+from typing import Any
 
+import flax.linen as nn
 import jax
+import jax.numpy as jnp
+import ml_collections
 import numpy as np
-from jax.sharding import Mesh, NamedSharding, PartitionSpec
+from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
-DATA_AXIS = "data"
-BATCH_SPEC = PartitionSpec(DATA_AXIS)  # [batch, ...] arrays: rows split over the data axis.
+from training.errors import UserInputError
+
+DATA_AXIS, FSDP_AXIS, TENSOR_AXIS = "data", "fsdp", "tensor"
+MESH_AXES = (DATA_AXIS, FSDP_AXIS, TENSOR_AXIS)
+BATCH = "batch"  # The logical axis of a batch's first dimension.
+
+LogicalRules = Sequence[tuple[str, str | Sequence[str] | None]]
+
+# The batch rule of configs/default.py, for callers that place batches without a
+# config (evaluation): split over every axis that splits the batch.
+BATCH_RULES: LogicalRules = ((BATCH, (DATA_AXIS, FSDP_AXIS)),)
 
 
-def make_mesh() -> Mesh:
-    """A 1-D data-parallel mesh over every device (of every process)."""
-    return Mesh(np.asarray(jax.devices()), (DATA_AXIS,))
+def mesh_shape(mesh_config: ml_collections.ConfigDict, num_devices: int) -> dict[str, int]:
+    """{'data': d, 'fsdp': f, 'tensor': t} with d * f * t == num_devices; one size may be -1 (the rest).
+
+    Raises:
+        UserInputError: the sizes do not multiply to the device count.
+    """
+    sizes = {axis: int(mesh_config[axis]) for axis in MESH_AXES}
+    fill = [axis for axis, size in sizes.items() if size == -1]
+    described = ", ".join(f"{axis}={size}" for axis, size in sizes.items())
+    if len(fill) > 1 or any(size == 0 or size < -1 for size in sizes.values()):
+        raise UserInputError(
+            f"config.mesh ({described}) must have positive axis sizes, at most one of them -1 (the remaining devices)."
+        )
+    fixed = int(np.prod([size for size in sizes.values() if size != -1]))
+    if fill and num_devices % fixed == 0:
+        sizes[fill[0]] = num_devices // fixed
+    if int(np.prod(list(sizes.values()))) != num_devices:
+        raise UserInputError(
+            f"config.mesh ({described}) does not fit the {num_devices} devices: the axis sizes must multiply "
+            f"to {num_devices} (set one of them to -1 to take the remaining devices)."
+        )
+    return sizes
 
 
-def replicate(tree, mesh: Mesh):
-    """Places a pytree on every device of `mesh` (every process must pass the same values)."""
-    return jax.device_put(tree, NamedSharding(mesh, PartitionSpec()))
+def make_mesh(mesh_config: ml_collections.ConfigDict | None = None, devices: Sequence[Any] | None = None) -> Mesh:
+    """The (data, fsdp, tensor) mesh over `devices` (default: all); by default all of them on 'data'.
+
+    `jax.make_mesh` orders the devices so that the last axes (tensor, then fsdp),
+    whose collectives are the most frequent, connect the closest devices.
+    """
+    devices = list(devices if devices is not None else jax.devices())
+    if mesh_config is None:
+        mesh_config = ml_collections.ConfigDict({DATA_AXIS: -1, FSDP_AXIS: 1, TENSOR_AXIS: 1})
+    shape = mesh_shape(mesh_config, len(devices))
+    return jax.make_mesh(
+        tuple(shape[axis] for axis in MESH_AXES),
+        MESH_AXES,
+        axis_types=(AxisType.Auto,) * len(MESH_AXES),
+        devices=devices,
+    )
+
+
+def logical_rules(rules: LogicalRules) -> tuple[tuple[str, str | tuple[str, ...] | None], ...]:
+    """The config's rules as flax expects them: hashable tuples, lists made tuples."""
+    return tuple((name, tuple(axes) if isinstance(axes, list | tuple) else axes) for name, axes in rules)
+
+
+def mesh_axes_of(logical_axis: str, rules: LogicalRules) -> tuple[str, ...]:
+    """The mesh axes a logical axis is split over (empty: replicated)."""
+    spec = nn.logical_to_mesh_axes((logical_axis,), logical_rules(rules))[0]
+    if spec is None:
+        return ()
+    return tuple(spec) if isinstance(spec, tuple) else (spec,)
+
+
+def num_batch_shards(mesh: Mesh, rules: LogicalRules = BATCH_RULES) -> int:
+    """Into how many parts a batch is split: the product of the mesh axes of 'batch'."""
+    return int(np.prod([mesh.shape[axis] for axis in mesh_axes_of(BATCH, rules) if axis in mesh.shape]))
+
+
+def batch_sharding(mesh: Mesh, rules: LogicalRules = BATCH_RULES) -> NamedSharding:
+    """Splits the first dimension over the mesh axes of 'batch' that `mesh` has; replicates the rest."""
+    axes = tuple(axis for axis in mesh_axes_of(BATCH, rules) if axis in mesh.axis_names)
+    return NamedSharding(mesh, PartitionSpec(axes or None))
 
 
 @functools.lru_cache(maxsize=64)
-def process_rows(global_rows: int, mesh: Mesh, spec: PartitionSpec = BATCH_SPEC) -> slice:
-    """The rows of a [global_rows, ...] batch that this process's devices hold under `spec`.
-
-    Processes read and pad only these rows (`shard_batch` assembles the global
-    batch). With devices ordered by process, as in `make_mesh`, process p of n
-    gets the p-th of n contiguous slices.
-
-    Raises:
-        ValueError: the devices of this process do not hold one contiguous
-            range of rows (a mesh whose data axis interleaves processes).
-    """
-    index_map = NamedSharding(mesh, spec).addressable_devices_indices_map((global_rows,))
+def _process_rows(global_rows: int, mesh: Mesh, rules: tuple) -> slice:
+    index_map = batch_sharding(mesh, rules).addressable_devices_indices_map((global_rows,))
     ranges = sorted({index[0].indices(global_rows)[:2] for index in index_map.values()})
     start, stop = ranges[0][0], ranges[-1][1]
-    covered = sum(b - a for a, b in ranges)
-    if covered != stop - start:
+    if sum(b - a for a, b in ranges) != stop - start:
         raise ValueError(f"The devices of process {jax.process_index()} hold rows {ranges}, not one range.")
     return slice(start, stop)
 
 
-def shard_batch(batch: dict[str, np.ndarray], mesh: Mesh, spec: PartitionSpec = BATCH_SPEC) -> dict[str, jax.Array]:
-    """Global [global_batch, ...] arrays from this process's rows of each array.
+def process_rows(global_rows: int, mesh: Mesh, rules: LogicalRules = BATCH_RULES) -> slice:
+    """The rows of a [global_rows, ...] batch that this process's devices hold.
+
+    Processes read and pad only these rows (`shard_batch` assembles the global
+    batch). With the devices of each process adjacent on the batch axes, as
+    `make_mesh` orders them, process p of n gets the p-th of n contiguous slices.
+
+    Raises:
+        ValueError: the devices of this process do not hold one contiguous range
+            of rows (a mesh whose batch axes interleave processes).
+    """
+    return _process_rows(global_rows, mesh, logical_rules(rules))
+
+
+def shard_batch(batch: dict[str, np.ndarray], mesh: Mesh, rules: LogicalRules = BATCH_RULES) -> dict[str, jax.Array]:
+    """Global [global_batch, ...] arrays from this process's rows of each, split along the first axis as the rules say.
 
     Args:
         batch: this process's rows (`process_rows`) of every array; with one
             process, the whole batch.
-        mesh: the device mesh.
-        spec: how the global arrays are split over the mesh.
-
-    Returns:
-        Global arrays split along their first axis as `spec` says.
+        mesh: the device mesh (of every process).
+        rules: the logical-axis rules; 'batch' gives the mesh axes of the first dimension.
     """
-    return jax.make_array_from_process_local_data(NamedSharding(mesh, spec), batch)
+    return jax.make_array_from_process_local_data(batch_sharding(mesh, rules), batch)
 
 
-def abstract_like(tree, mesh: Mesh):
-    """ShapeDtypeStructs of `tree` (arrays or structs), replicated on `mesh`: a restore target."""
-    replicated = NamedSharding(mesh, PartitionSpec())
-    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=replicated), tree)
+def replicate(tree, mesh: Mesh):
+    """Places a pytree on every device of `mesh`."""
+    return jax.device_put(tree, NamedSharding(mesh, PartitionSpec()))
+
+
+def shardings_from_boxes(boxed_tree: Any, mesh: Mesh, rules: LogicalRules) -> Any:
+    """NamedShardings for a pytree whose leaves may be flax `LogicallyPartitioned` boxes.
+
+    A boxed leaf is sharded as the rules map its logical axes; any other leaf
+    (the step count, the RNG key, Adam's count) is replicated.
+
+    Raises:
+        UserInputError: a rule splits a dimension into parts that do not divide it.
+    """
+    shardings = nn.logical_to_mesh_sharding(nn.get_partition_spec(boxed_tree), mesh, logical_rules(rules))
+    abstract = nn.unbox(boxed_tree)
+    for (path, leaf), sharding in zip(
+        jax.tree_util.tree_leaves_with_path(abstract), jax.tree_util.tree_leaves(shardings), strict=True
+    ):
+        _check_divisible(jax.tree_util.keystr(path, simple=True, separator="/"), leaf.shape, sharding)
+    return shardings
+
+
+def _check_divisible(name: str, shape: tuple[int, ...], sharding: NamedSharding) -> None:
+    for size, axes in zip(shape, sharding.spec, strict=False):
+        axes = () if axes is None else (axes,) if isinstance(axes, str) else tuple(axes)
+        parts = int(np.prod([sharding.mesh.shape[axis] for axis in axes]))
+        if size % parts:
+            raise UserInputError(
+                f"Parameter {name} of shape {shape} cannot be split {parts} ways over mesh axes {axes} "
+                f"(config.mesh.rules): {size} is not divisible by {parts}. Change the model size or the mesh."
+            )
+
+
+def with_shardings(abstract_tree: Any, shardings: Any) -> Any:
+    """ShapeDtypeStructs of `abstract_tree` carrying `shardings`: a restore target."""
+    return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), abstract_tree, shardings)
+
+
+def stack_for_pmap(tree: Any, mesh: Mesh) -> Any:
+    """One copy of each array per device of `mesh`, stacked on a new leading axis, as `jax.pmap` takes them."""
+    stacked = NamedSharding(mesh, PartitionSpec(mesh.axis_names))
+    return jax.device_put(jax.tree.map(lambda x: jnp.broadcast_to(x, (mesh.size, *x.shape)), tree), stacked)
+
+
+def unstack_from_pmap(tree: Any, mesh: Mesh) -> Any:
+    """The first copy of each `pmap`-stacked array, replicated on `mesh` (copies are equal by construction)."""
+    return replicate(jax.tree.map(lambda x: x[0], tree), mesh)
+
+
+def split_for_pmap(batch: dict[str, np.ndarray], mesh: Mesh) -> dict[str, jax.Array]:
+    """Reshapes each [batch, ...] array to [devices, batch / devices, ...], one slice per device."""
+    stacked = NamedSharding(mesh, PartitionSpec(mesh.axis_names))
+    return jax.device_put({k: v.reshape(mesh.size, -1, *v.shape[1:]) for k, v in batch.items()}, stacked)

@@ -3,6 +3,7 @@
 from typing import Any
 
 import flax
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import ml_collections
@@ -46,14 +47,31 @@ def make_model(config: ml_collections.ConfigDict, vocab_size: int) -> Transforme
     )
 
 
-def init_params(model: Transformer, rng: jax.Array) -> Any:
-    """Float32 parameters of `model` (shapes do not depend on sequence lengths)."""
+def init_boxed_params(model: Transformer, rng: jax.Array) -> Any:
+    """Float32 parameters in flax `LogicallyPartitioned` boxes naming each dimension's logical axis.
+
+    Shapes do not depend on the dummy sequence lengths.
+    """
     dummy = jnp.ones((1, 2), jnp.int32)
     return model.init({"params": rng}, dummy, dummy, deterministic=True)["params"]
 
 
-def create_train_state(model: Transformer, tx: optax.GradientTransformation, seed: int) -> TrainState:
-    """A fresh state: parameters from `seed`, Adam moments at zero, step 0."""
+def init_params(model: Transformer, rng: jax.Array) -> Any:
+    """Float32 parameters of `model`: a plain pytree of arrays (the checkpointed layout)."""
+    return nn.unbox(init_boxed_params(model, rng))
+
+
+def create_train_state(
+    model: Transformer, tx: optax.GradientTransformation, seed: int, *, boxed: bool = False
+) -> TrainState:
+    """A fresh state: parameters from `seed`, Adam moments at zero, step 0.
+
+    With `boxed`, parameters and the optimizer moments derived from them stay in
+    their logical-axis boxes (for `jax.eval_shape`, to read the shardings off);
+    otherwise every leaf is a plain array.
+    """
     init_rng, train_rng = jax.random.split(jax.random.PRNGKey(seed))
-    params = init_params(model, init_rng)
+    params = init_boxed_params(model, init_rng)
+    if not boxed:
+        params = nn.unbox(params)
     return TrainState(step=jnp.array(0, jnp.int32), params=params, opt_state=tx.init(params), rng=train_rng)

@@ -1,19 +1,25 @@
 """Pure train and eval steps: teacher forcing and label-smoothed cross-entropy.
 
-Both are plain functions of pytrees with no host-side state; `jax.jit` (or any
-other transform) compiles them, and the batch may be sharded across devices:
-sums over the batch are global whatever the sharding.
+Both are plain functions of pytrees with no host-side state. `compile_train_step`
+compiles the train step with `jax.jit` over a device mesh (the batch, parameters
+and optimizer state sharded as training/sharding.py lays them out) or with
+`jax.pmap`; either way it equals the one-device step up to rounding.
 """
 
+import dataclasses
 import functools
+from collections.abc import Callable
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import optax
+from jax import lax
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from input_pipeline.tokenizer import PAD_ID
 from models import Transformer
+from training import sharding
 from training.state import TrainState
 
 Batch = dict[str, jax.Array]  # 'inputs', 'targets': [batch, length] int32
@@ -67,6 +73,52 @@ def token_metrics(logits: jax.Array, targets: jax.Array, label_smoothing: float)
     }
 
 
+def _summed_loss_grads(
+    params: Any, batch: Batch, rng: jax.Array, *, model: Transformer, label_smoothing: float
+) -> tuple[Any, dict[str, jax.Array]]:
+    """Gradient of the batch's summed (not averaged) smoothed loss, and the batch's metric sums.
+
+    Sums, unlike means, add up across micro-batches and devices whatever their token
+    counts; the caller divides by the total tokens once.
+    """
+
+    def summed_loss(params):
+        logits = model.apply(
+            {"params": params}, batch["inputs"], batch["targets"], deterministic=False, rngs={"dropout": rng}
+        )
+        sums = token_metrics(logits, batch["targets"], label_smoothing)
+        return sums["loss"], sums
+
+    return jax.grad(summed_loss, has_aux=True)(params)
+
+
+def _accumulated_loss_grads(
+    params: Any, batch: Batch, rng: jax.Array, *, num_micro_batches: int, **loss_kwargs
+) -> tuple[Any, dict[str, jax.Array]]:
+    """`_summed_loss_grads` over `num_micro_batches` slices of the batch in turn, summed.
+
+    Only one micro-batch's activations are alive at a time (`lax.scan`), so the
+    batch may be `num_micro_batches` times larger than fits in memory at once.
+    Micro-batch i draws its dropout from fold_in(rng, i).
+    """
+    if num_micro_batches == 1:
+        return _summed_loss_grads(params, batch, rng, **loss_kwargs)
+    # Micro-batch m takes rows m, m + M, m + 2M, ...: each device's block of rows
+    # holds a share of every micro-batch, so all devices work on each of them.
+    micro_batches = jax.tree.map(lambda x: x.reshape(-1, num_micro_batches, *x.shape[1:]).swapaxes(0, 1), batch)
+
+    def micro_batch_grads(micro_batch, index):
+        return _summed_loss_grads(params, micro_batch, jax.random.fold_in(rng, index), **loss_kwargs)
+
+    def add_micro_batch(totals, micro_batch_and_index):
+        return jax.tree.map(jnp.add, totals, micro_batch_grads(*micro_batch_and_index)), None
+
+    first = jax.tree.map(lambda x: x[0], micro_batches)
+    zeros = jax.tree.map(jnp.zeros_like, jax.eval_shape(micro_batch_grads, first, 0))
+    totals, _ = lax.scan(add_micro_batch, zeros, (micro_batches, jnp.arange(num_micro_batches)))
+    return totals
+
+
 def train_step(
     state: TrainState,
     batch: Batch,
@@ -76,34 +128,51 @@ def train_step(
     tx: optax.GradientTransformation,
     learning_rate_fn: optax.Schedule,
     label_smoothing: float,
+    grad_accumulation_steps: int = 1,
+    axis_name: str | None = None,
 ) -> tuple[TrainState, dict[str, jax.Array]]:
     """One optimizer update on a batch, with teacher forcing.
+
+    The update is that of the mean loss over the batch's target tokens, however the
+    batch is split: into `grad_accumulation_steps` micro-batches run one after the
+    other, and (under `jax.pmap`) over the devices of `axis_name`. Each part
+    contributes its summed loss gradient and token count, and the total is divided by
+    the total token count, so the result equals the plain step on the whole batch up
+    to rounding (a mean of per-part means would weight a part with fewer real tokens
+    as much as a full one).
 
     Args:
         state: the current TrainState.
         batch: 'inputs' (source) and 'targets' (target), [batch, length] int32,
-            0-padded, each sentence ending with <eos>.
+            0-padded, each sentence ending with <eos>. Under `pmap`, this device's share.
         rng: the dropout key of this step.
         model, tx, learning_rate_fn, label_smoothing: static; bind with
-            functools.partial before jitting.
+            functools.partial before compiling.
+        grad_accumulation_steps: micro-batches per update; must divide the batch.
+        axis_name: the `pmap` axis to sum gradients and metrics over; None under
+            `jit` (there the arrays are global and the sums already are).
 
     Returns:
         The new state and per-batch metrics: mean 'loss', 'nll' and 'accuracy' over
         target tokens, 'tokens', 'learning_rate' and the gradient's 'grad_norm'.
     """
-
-    def loss_fn(params):
-        logits = model.apply(
-            {"params": params}, batch["inputs"], batch["targets"], deterministic=False, rngs={"dropout": rng}
-        )
-        sums = token_metrics(logits, batch["targets"], label_smoothing)
-        return sums["loss"] / jnp.maximum(sums["tokens"], 1.0), sums
-
-    grads, sums = jax.grad(loss_fn, has_aux=True)(state.params)
+    if axis_name is not None:
+        rng = jax.random.fold_in(rng, lax.axis_index(axis_name))  # Different dropout on each device.
+    grads, sums = _accumulated_loss_grads(
+        state.params,
+        batch,
+        rng,
+        num_micro_batches=grad_accumulation_steps,
+        model=model,
+        label_smoothing=label_smoothing,
+    )
+    if axis_name is not None:
+        grads, sums = lax.psum((grads, sums), axis_name)
+    tokens = jnp.maximum(sums["tokens"], 1.0)
+    grads = jax.tree.map(lambda g: g / tokens, grads)
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
     new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state)
-    tokens = jnp.maximum(sums["tokens"], 1.0)
     metrics = {
         "loss": sums["loss"] / tokens,
         "nll": sums["nll"] / tokens,
@@ -115,24 +184,80 @@ def train_step(
     return new_state, metrics
 
 
-def jit_train_step(
-    model: Transformer,
-    tx: optax.GradientTransformation,
-    learning_rate_fn: optax.Schedule,
-    label_smoothing: float,
-):
-    """`train_step` compiled, with its static arguments bound and the old state's buffers donated."""
-    return jax.jit(
-        functools.partial(
-            train_step, model=model, tx=tx, learning_rate_fn=learning_rate_fn, label_smoothing=label_smoothing
-        ),
-        donate_argnums=0,
-    )
-
-
 def eval_step(params: Any, batch: Batch, *, model: Transformer) -> dict[str, jax.Array]:
     """Sums of 'nll', 'correct' and 'tokens' on a batch, without dropout or smoothing."""
     logits = model.apply({"params": params}, batch["inputs"], batch["targets"], deterministic=True)
     sums = token_metrics(logits, batch["targets"], label_smoothing=0.0)
     del sums["loss"]  # Equal to 'nll' without smoothing.
     return sums
+
+
+@dataclasses.dataclass(frozen=True)
+class CompiledTrainStep:
+    """The train step compiled one way, with how the state and batches enter and leave it.
+
+    Between steps the state lives in the step's layout (`enter`); `leave` gives it
+    back as a TrainState on the mesh, to checkpoint or evaluate.
+    """
+
+    run: Callable  # (state in the step's layout, placed batch, rng) -> (state, metrics)
+    place_batch: Callable  # {'inputs', 'targets'}: host [batch, length] -> the step's input
+    enter: Callable  # TrainState on the mesh -> the step's layout
+    leave: Callable  # the step's layout -> TrainState on the mesh
+
+
+PMAP_AXIS = "devices"
+
+
+def compile_train_step(
+    compilation: str,
+    mesh: Mesh,
+    rules: sharding.LogicalRules,
+    state_shardings: Any,
+    *,
+    model: Transformer,
+    tx: optax.GradientTransformation,
+    learning_rate_fn: optax.Schedule,
+    label_smoothing: float,
+    grad_accumulation_steps: int = 1,
+) -> CompiledTrainStep:
+    """`train_step` compiled as `compilation` says, its static arguments bound, the old state donated.
+
+    'jit': one program over `mesh`; the state and batch come in sharded (by
+    `state_shardings` and the 'batch' rule of `rules`) and XLA partitions the step
+    to match. The new state keeps `state_shardings`; the metrics come out replicated.
+
+    'pmap': one copy of the program per device of `mesh` (data parallel: the mesh's
+    model axes must have size 1). The state is stacked with one copy per device, the
+    batch reshaped to [devices, batch / devices, ...]; every device gets the same rng.
+    """
+    step = functools.partial(
+        train_step,
+        model=model,
+        tx=tx,
+        learning_rate_fn=learning_rate_fn,
+        label_smoothing=label_smoothing,
+        grad_accumulation_steps=grad_accumulation_steps,
+    )
+    if compilation == "pmap":
+        # Metrics are equal on every device after the sums over devices: returned once.
+        run = jax.pmap(
+            functools.partial(step, axis_name=PMAP_AXIS),
+            axis_name=PMAP_AXIS,
+            in_axes=(0, 0, None),
+            out_axes=(0, None),
+            donate_argnums=0,
+        )
+        return CompiledTrainStep(
+            run=run,
+            place_batch=lambda batch: sharding.split_for_pmap(batch, mesh),
+            enter=lambda state: sharding.stack_for_pmap(state, mesh),
+            leave=lambda state: sharding.unstack_from_pmap(state, mesh),
+        )
+    replicated = NamedSharding(mesh, PartitionSpec())
+    return CompiledTrainStep(
+        run=jax.jit(step, out_shardings=(state_shardings, replicated), donate_argnums=0),
+        place_batch=lambda batch: sharding.shard_batch(batch, mesh, rules),
+        enter=lambda state: state,
+        leave=lambda state: state,
+    )

@@ -1,0 +1,200 @@
+"""Runs the train step, evaluation and checkpoint restore on 8 simulated CPU devices; run by test_multi_device.py.
+
+  XLA_FLAGS=--xla_force_host_platform_device_count=8 JAX_PLATFORMS=cpu \\
+      python tests/multi_device_check.py layouts
+  ... python tests/multi_device_check.py checkpoint <empty directory>
+
+`layouts` trains a small model for 5 steps on the same batches in every layout
+(one device; pmap over 8; jit over 8 data, 4 data x 2 FSDP, 2 data x 4 tensor,
+2 x 2 x 2; with gradient accumulation), prints the losses as a table, and checks
+that they and the final parameters agree with the one-device run, that the state
+keeps the shardings the rules give it, and that evaluation and greedy decoding on
+the sharded parameters match the one-device results. `checkpoint` saves under
+8-way data parallelism and restores onto 4 data x 2 FSDP and 2 data x 4 tensor.
+Exits non-zero (an AssertionError) on any mismatch.
+"""
+
+import sys
+
+import jax
+import ml_collections
+import numpy as np
+
+from configs import default
+from input_pipeline.batching import IteratorState
+from input_pipeline.tokenizer import BOS_ID, EOS_ID
+from models.decoding import greedy_decode
+from training import loop, sharding
+from training.checkpointing import Checkpointer
+from training.optimizer import make_optimizer
+from training.state import make_model
+from training.steps import compile_train_step, eval_step
+
+NUM_STEPS = 5
+LOSS_RTOL = 1e-5
+PARAM_ATOL = 2e-5  # Adam's first steps move every weight by ~ the learning rate, 3e-3 here.
+
+# name: (step compilation, data, fsdp, tensor, gradient accumulation steps, devices)
+LAYOUTS = {
+    "1 device": ("jit", 1, 1, 1, 1, 1),
+    "pmap 8": ("pmap", 8, 1, 1, 1, 8),
+    "jit 8 data": ("jit", 8, 1, 1, 1, 8),
+    "jit 4 data x 2 fsdp": ("jit", 4, 2, 1, 1, 8),
+    "jit 2 data x 4 tensor": ("jit", 2, 1, 4, 1, 8),
+    "jit 2 data x 2 fsdp x 2 tensor": ("jit", 2, 2, 2, 1, 8),
+    "jit 4 data x 2 fsdp, 2 micro-batches": ("jit", 4, 2, 1, 2, 8),
+}
+
+
+def _config(data: int, fsdp: int, tensor: int) -> ml_collections.ConfigDict:
+    config = default.get_config()
+    config.dataset.max_length = config.eval.max_decode_length = 16
+    # Untied embeddings and learned positions: every kind of parameter is sharded.
+    config.model.update(
+        d_model=32,
+        num_heads=4,
+        d_ff=64,
+        num_layers=1,
+        norm_placement="pre",
+        dropout_rate=0.0,
+        tie_embeddings=False,
+        positional_encoding="learned",
+    )
+    config.optimizer.update(peak_learning_rate=3e-3, warmup_steps=2)
+    config.mesh.update(data=data, fsdp=fsdp, tensor=tensor)
+    return config
+
+
+def _batches(num_batches: int, batch_size: int = 16, length: int = 12) -> list[dict[str, np.ndarray]]:
+    """Random sentences of random lengths: devices hold different numbers of real tokens."""
+    rng = np.random.default_rng(0)
+    batches = []
+    for _ in range(num_batches):
+        batch = {}
+        for key in ("inputs", "targets"):
+            ids = rng.integers(4, 32, (batch_size, length)).astype(np.int32)
+            lengths = rng.integers(1, length + 1, batch_size)
+            ids[np.arange(length)[None, :] >= lengths[:, None]] = 0
+            batch[key] = ids
+        batches.append(batch)
+    return batches
+
+
+def _setup(data, fsdp, tensor, devices):
+    config = _config(data, fsdp, tensor)
+    mesh = sharding.make_mesh(config.mesh, jax.devices()[:devices])
+    model = make_model(config, vocab_size=32)
+    tx, schedule = make_optimizer(config.optimizer)
+    return config, mesh, model, tx, schedule
+
+
+def _train(compilation, data, fsdp, tensor, micro_batches, devices, batches):
+    config, mesh, model, tx, schedule = _setup(data, fsdp, tensor, devices)
+    shardings = loop.state_shardings(config, model, tx, mesh)
+    state = loop.initial_state(config, model, tx, shardings)
+    train_step = compile_train_step(
+        compilation,
+        mesh,
+        config.mesh.rules,
+        shardings,
+        model=model,
+        tx=tx,
+        learning_rate_fn=schedule,
+        label_smoothing=config.optimizer.label_smoothing,
+        grad_accumulation_steps=micro_batches,
+    )
+    step_state, losses = train_step.enter(state), []
+    for i, batch in enumerate(batches):
+        step_state, metrics = train_step.run(step_state, train_step.place_batch(batch), jax.random.PRNGKey(i))
+        losses.append(float(metrics["loss"]))
+    state = train_step.leave(step_state)
+    if compilation == "jit":  # The state keeps the layout the rules give it.
+        jax.tree.map(lambda a, s: _assert(a.sharding.is_equivalent_to(s, a.ndim), (a.sharding, s)), state, shardings)
+    return losses, state, (config, mesh, model)
+
+
+def _assert(condition, message):
+    if not condition:
+        raise AssertionError(message)
+
+
+def _evaluate(params, config, mesh, model, batch):
+    """Eval sums and greedy translations on `mesh`, with `params` sharded as they are."""
+    sums = jax.jit(lambda p, b: eval_step(p, b, model=model))(params, sharding.shard_batch(batch, mesh))
+    decode = jax.jit(lambda p, x: greedy_decode(p, x, model=model, max_length=10, bos_id=BOS_ID, eos_id=EOS_ID))
+    tokens = decode(params, sharding.shard_batch(batch, mesh)["inputs"])
+    return jax.device_get(sums), np.asarray(tokens)
+
+
+def check_layouts() -> None:
+    assert len(jax.devices()) == 8, jax.devices()
+    batches = _batches(NUM_STEPS)
+    results = {name: _train(*layout, batches) for name, layout in LAYOUTS.items()}
+    reference_losses, reference_state, _ = results["1 device"]
+    reference_params = jax.device_get(reference_state.params)
+
+    print(
+        f"{'layout':<38}"
+        + "".join(f"{f'step {i + 1}':>11}" for i in range(NUM_STEPS))
+        + "  max rel diff  max param diff"
+    )
+    failures = []
+    for name, (losses, state, _) in results.items():
+        loss_diff = float(np.max(np.abs(np.asarray(losses) / reference_losses - 1)))
+        params = jax.device_get(state.params)
+        param_diff = max(
+            jax.tree.leaves(jax.tree.map(lambda a, b: float(np.max(np.abs(a - b))), params, reference_params))
+        )
+        print(
+            f"{name:<38}" + "".join(f"{loss:>11.6f}" for loss in losses) + f"  {loss_diff:>12.1e}  {param_diff:>14.1e}"
+        )
+        if loss_diff > LOSS_RTOL or param_diff > PARAM_ATOL:
+            failures.append(name)
+    _assert(not failures, f"differ from one device beyond rtol {LOSS_RTOL} / atol {PARAM_ATOL}: {failures}")
+
+    # Evaluation and decoding on parameters sharded over all three axes: the same
+    # sums and translations as on one device (the parameters agree up to rounding).
+    _, state, (config, mesh, model) = results["jit 2 data x 2 fsdp x 2 tensor"]
+    query = state.params["encoder"]["layers_0"]["self_attention"]["query"]["kernel"]  # [d_model, heads, head_dim]
+    _assert(query.sharding.shard_shape(query.shape) == (16, 2, 8), query.sharding)
+    sums, tokens = _evaluate(state.params, config, mesh, model, batches[0])
+    _, _, (config, mesh, model) = results["1 device"]
+    reference_sums, reference_tokens = _evaluate(reference_state.params, config, mesh, model, batches[0])
+    for key in ("nll", "correct", "tokens"):
+        _assert(np.isclose(sums[key], reference_sums[key], rtol=1e-5), (key, sums, reference_sums))
+    _assert(np.array_equal(tokens, reference_tokens), ("greedy decoding differs", tokens, reference_tokens))
+    print("layouts: ok")
+
+
+def check_checkpoint(directory: str) -> None:
+    assert len(jax.devices()) == 8, jax.devices()
+    batches = _batches(2)
+    _, saved_state, _ = _train("jit", 8, 1, 1, 1, 8, batches)
+    checkpointer = Checkpointer(directory)
+    checkpointer.save(saved_state, IteratorState(epoch=0, batch=2))
+    checkpointer.wait_until_finished()
+    saved_params = jax.device_get(saved_state.params)
+    for data, fsdp, tensor in ((4, 2, 1), (2, 1, 4)):
+        config, mesh, model, tx, _ = _setup(data, fsdp, tensor, 8)
+        restored, data_state = loop.restore_checkpoint(checkpointer, 2, config, model, tx, mesh)
+        expected = loop.state_shardings(config, model, tx, mesh)
+        _assert(data_state == IteratorState(epoch=0, batch=2), data_state)
+        jax.tree.map(lambda a, s: _assert(a.sharding == s, (a.sharding, s)), restored, expected)
+        jax.tree.map(np.testing.assert_array_equal, jax.device_get(restored.params), saved_params)
+        jax.tree.map(
+            np.testing.assert_array_equal, jax.device_get(restored.opt_state), jax.device_get(saved_state.opt_state)
+        )
+        kernel = restored.params["decoder"]["layers_0"]["feed_forward"]["hidden"]["kernel"]
+        shard = kernel.sharding.shard_shape(kernel.shape)
+        print(
+            f"restored onto data={data} fsdp={fsdp} tensor={tensor}: feed-forward kernel {kernel.shape}, shards {shard}"
+        )
+    checkpointer.close()
+    print("checkpoint: ok")
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "layouts":
+        check_layouts()
+    else:
+        check_checkpoint(sys.argv[2])
