@@ -96,14 +96,14 @@ def main(argv):
     quiet_library_logs()
     config = _CONFIG.value
     try:
-        validate_config(config)
-        distributed.initialize(  # Before anything starts a JAX backend.
+        distributed.initialize(  # Before anything starts a JAX backend (the config check counts devices).
             _COORDINATOR_ADDRESS.value,
             _NUM_PROCESSES.value,
             _PROCESS_ID.value,
             mode=_DISTRIBUTED.value,
             heartbeat_timeout_seconds=_HEARTBEAT_TIMEOUT.value,
         )
+        validate_config(config)
         _run(config)
     except UserInputError as e:
         print(f"error: {e}", file=sys.stderr)
