@@ -6,6 +6,7 @@ import gzip
 import os
 import struct
 
+import flax.linen as nn
 import jax
 import matplotlib.image
 import numpy as np
@@ -58,7 +59,7 @@ def model_and_params(pair):
     source, target, *_ = pair
     model = Transformer(CONFIG)
     init = functools.partial(model.init, deterministic=True)
-    shapes = jax.eval_shape(init, jax.random.key(0), source[None], target[None])["params"]
+    shapes = nn.unbox(jax.eval_shape(init, jax.random.key(0), source[None], target[None])["params"])
     rng = np.random.default_rng(0)
     return model, jax.tree.map(lambda s: rng.normal(scale=0.1, size=s.shape).astype(s.dtype), shapes)
 
