@@ -10,6 +10,7 @@ import optax
 import orbax.checkpoint as ocp
 import pytest
 from conftest import run_entry_point, tiny_config
+from jax.sharding import NamedSharding, PartitionSpec
 
 from input_pipeline.batching import IteratorState
 from input_pipeline.tokenizer import load_tokenizer
@@ -45,8 +46,14 @@ def _save(checkpointer: Checkpointer, step: int) -> dict:
     return params
 
 
+def _replicated_structs(tree):
+    """Restore targets: the shapes and dtypes of `tree`, replicated on every device."""
+    replicated = NamedSharding(sharding.make_mesh(), PartitionSpec())
+    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=replicated), tree)
+
+
 def _abstract_params() -> dict:
-    return sharding.abstract_like(_params(0), sharding.make_mesh())
+    return _replicated_structs(_params(0))
 
 
 @pytest.fixture
@@ -200,7 +207,7 @@ def _run_eval(config, workdir, *args):
 def _abstract_model_params(config, workdir):
     vocab_size = load_tokenizer(os.path.join(workdir, "tokenizer.model")).vocab_size()
     abstract = jax.eval_shape(lambda: init_params(make_model(config, vocab_size), jax.random.PRNGKey(0)))
-    return sharding.abstract_like(abstract, sharding.make_mesh())
+    return _replicated_structs(abstract)
 
 
 def _scores(workdir):
