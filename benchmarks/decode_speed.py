@@ -27,6 +27,7 @@ from input_pipeline.corpus import load_corpus
 from input_pipeline.tokenizer import BOS_ID, PAD_ID
 from models.decoding import beam_search
 from training import sharding
+from training.logs import quiet_library_logs
 from training.state import init_params, make_model
 
 _CONFIG = config_flags.DEFINE_config_file("config", "configs/quickstart.py", "Config file.")
@@ -51,6 +52,7 @@ def _sources(config, workdir: str | None, batch_size: int) -> tuple[np.ndarray, 
 
 def main(argv):
     del argv
+    quiet_library_logs()
     config = _CONFIG.value
     inputs, vocab_size = _sources(config, _WORKDIR.value, _BATCH_SIZE.value)
     model = make_model(config, vocab_size)
