@@ -22,10 +22,9 @@ from ml_collections import config_flags
 from input_pipeline import batching
 from input_pipeline.corpus import load_corpus
 from training import sharding
-from training.loop import batch_sizes, initial_state, state_shardings
+from training.loop import batch_sizes, configured_train_step, initial_state, state_shardings
 from training.optimizer import make_optimizer
 from training.state import make_model
-from training.steps import compile_train_step
 
 _CONFIG = config_flags.DEFINE_config_file("config", "configs/quickstart.py", "Config file.")
 _DTYPES = flags.DEFINE_list("dtypes", ["float32", "bfloat16"], "Compute dtypes to compare.")
@@ -42,17 +41,7 @@ def _runner(config, corpus, dtype, mesh):
     tx, schedule = make_optimizer(config.optimizer)
     shardings = state_shardings(config, model, tx, mesh)
     state = initial_state(config, model, tx, shardings)
-    train_step = compile_train_step(
-        config.step_compilation,
-        mesh,
-        config.mesh.rules,
-        shardings,
-        model=model,
-        tx=tx,
-        learning_rate_fn=schedule,
-        label_smoothing=config.optimizer.label_smoothing,
-        grad_accumulation_steps=config.grad_accumulation_steps,
-    )
+    train_step = configured_train_step(config, model, tx, schedule, mesh, shardings)
     sizes = batch_sizes(config, config.per_device_batch_size, mesh, config.grad_accumulation_steps)
     stream = batching.TrainBatches(
         corpus.ids[config.dataset.train_split], config.dataset.bucket_boundaries, sizes, config.seed

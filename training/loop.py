@@ -47,6 +47,21 @@ def initial_state(config: ml_collections.ConfigDict, model, tx, shardings: Train
     return jax.jit(lambda: create_train_state(model, tx, config.seed), out_shardings=shardings)()
 
 
+def configured_train_step(config: ml_collections.ConfigDict, model, tx, learning_rate_fn, mesh, shardings):
+    """The train step as config asks for it (jit or pmap, micro-batches), compiled for `mesh` and `shardings`."""
+    return compile_train_step(
+        config.step_compilation,
+        mesh,
+        config.mesh.rules,
+        shardings,
+        model=model,
+        tx=tx,
+        learning_rate_fn=learning_rate_fn,
+        label_smoothing=config.optimizer.label_smoothing,
+        grad_accumulation_steps=config.grad_accumulation_steps,
+    )
+
+
 def eval_setup(config, model, tokenizer, mesh) -> evaluation.EvalSetup:
     return evaluation.EvalSetup(
         eval_fn=jax.jit(functools.partial(eval_step, model=model)),
@@ -106,17 +121,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
         data_state,
         rows=functools.partial(sharding.process_rows, mesh=mesh, rules=config.mesh.rules),
     )
-    train_step = compile_train_step(
-        config.step_compilation,
-        mesh,
-        config.mesh.rules,
-        shardings,
-        model=model,
-        tx=tx,
-        learning_rate_fn=learning_rate_fn,
-        label_smoothing=config.optimizer.label_smoothing,
-        grad_accumulation_steps=config.grad_accumulation_steps,
-    )
+    train_step = configured_train_step(config, model, tx, learning_rate_fn, mesh, shardings)
     setup = eval_setup(config, model, corpus.tokenizer, mesh)
     bleu_text, bleu_ids = _head(
         corpus.text[dataset.valid_split], corpus.ids[dataset.valid_split], config.eval.num_bleu_sentences
