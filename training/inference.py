@@ -155,11 +155,10 @@ def sentence_attention_figures(
 
 
 def write_attention_summary(
-    writer, step: int, setup: evaluation.EvalSetup, model: Transformer, params, source: str, max_source_length: int
+    writer, step: int, model: Transformer, params, tokenizer: spm.SentencePieceProcessor, source: str, translation: str
 ) -> None:
-    """Translates `source` and puts the attention maps of (source, translation) into TensorBoard."""
+    """Puts the attention maps of (source, its translation) into TensorBoard."""
     from training import attention_maps  # pylint: disable=g-import-not-at-top
 
-    (translation,) = translate_lines(setup, params, [source], max_source_length)
-    figures = sentence_attention_figures(model, params, setup.tokenizer, source, translation)
+    figures = sentence_attention_figures(model, params, tokenizer, source, translation)
     attention_maps.write_attention_summaries(writer, step, figures)

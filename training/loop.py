@@ -208,7 +208,7 @@ def _summarize(metrics: list[dict[str, np.ndarray]], seconds: float) -> dict[str
 def _evaluate(config, setup, model, params, step: int, description: str, corpus: Corpus, workdir: str) -> dict:
     """Evaluates config.eval.split into <workdir>/eval/<split>/, with attention maps in TensorBoard."""
     split = config.eval.split
-    scores, _ = evaluation.evaluate_split(
+    scores, hypotheses = evaluation.evaluate_split(
         setup,
         params,
         step,
@@ -222,7 +222,7 @@ def _evaluate(config, setup, model, params, step: int, description: str, corpus:
     if len(corpus.text[split]):  # The maps of the split's first sentence and its translation.
         writer = MetricWriter(workdir, f"eval_{split}")
         write_attention_summary(
-            writer, step, setup, model, params, corpus.text[split].sources[0], config.dataset.max_length
+            writer, step, model, params, setup.tokenizer, corpus.text[split].sources[0], hypotheses[0]
         )
         writer.close()
     return scores
