@@ -19,7 +19,7 @@ from ml_collections import config_flags
 
 from configs.validation import validate_config
 from training import distributed
-from training.errors import UserInputError
+from training.errors import TrainingStopped, UserInputError
 from training.logs import quiet_library_logs
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file (configs/*.py).", lock_config=True)
@@ -105,6 +105,9 @@ def main(argv):
         )
         validate_config(config)
         _run(config)
+    except TrainingStopped as e:  # A stop signal or a diverged run: what could be saved is saved.
+        print(e, file=sys.stderr)
+        sys.exit(e.exit_status)
     except UserInputError as e:
         print(f"error: {e}", file=sys.stderr)
         if distributed.is_connected():

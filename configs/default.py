@@ -37,6 +37,12 @@ def get_config() -> ml_collections.ConfigDict:
     # tensor parallelism), or 'pmap' (data parallel only: the state replicated on
     # every device, gradients summed with lax.psum; needs mesh.fsdp = mesh.tensor = 1).
     config.step_compilation = "jit"
+    # A step whose loss, gradients or new parameters are not finite (NaN, inf) is
+    # never applied. 'stop': end training there (exit status 3), naming the last
+    # checkpoint, which holds finite values. 'skip': skip that update and go on,
+    # ending training after max_nonfinite_in_a_row such steps in a row.
+    config.nonfinite = "stop"
+    config.max_nonfinite_in_a_row = 10
 
     # The device mesh: data x fsdp x tensor must equal the number of devices;
     # one axis may be -1, taking the devices the others leave.

@@ -13,6 +13,7 @@ _CHOICES = {
     "model.dtype": ("float32", "bfloat16"),
     "tokenizer.model_type": ("unigram", "bpe"),
     "step_compilation": ("jit", "pmap"),
+    "nonfinite": ("stop", "skip"),
 }
 _POSITIVE = (
     "num_train_steps",
@@ -22,6 +23,7 @@ _POSITIVE = (
     "keep_checkpoints",
     "per_device_batch_size",
     "grad_accumulation_steps",
+    "max_nonfinite_in_a_row",
     "dataset.max_length",
     "tokenizer.vocab_size",
     "tokenizer.max_training_sentences",

@@ -13,7 +13,7 @@ from tqdm import tqdm
 from input_pipeline import batching
 from input_pipeline.corpus import Corpus, load_corpus
 from input_pipeline.datasets import TextPairs
-from training import evaluation, sharding
+from training import divergence, evaluation, preemption, sharding
 from training.checkpointing import Checkpointer, averaged_checkpoint_dir, save_params
 from training.errors import UserInputError
 from training.inference import load_trained_model, save_config, write_attention_summary
@@ -131,6 +131,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
     first_step = int(state.step)
     base_rng = state.rng.copy()  # Step keys fold in from it; the state's own buffers are donated.
     step_state = train_step.enter(state)
+    guard = divergence.NonFiniteGuard(
+        config.nonfinite, config.max_nonfinite_in_a_row, functools.partial(_latest_checkpoint, checkpointer)
+    )
     pending, interval_start = [], time.perf_counter()
     progress = tqdm(
         total=config.num_train_steps,
@@ -139,34 +142,48 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
         dynamic_ncols=True,
         disable=jax.process_index() != 0,
     )
-    for step in range(first_step + 1, config.num_train_steps + 1):
-        batch = train_step.place_batch(next(train_batches))
-        step_state, metrics = train_step.run(step_state, batch, jax.random.fold_in(base_rng, step))
-        pending.append(metrics)
-        progress.update()
-        last = step == config.num_train_steps
+    with progress, preemption.StopSignals(first_step) as stop_signals:
+        for step in range(first_step + 1, config.num_train_steps + 1):
+            batch = train_step.place_batch(next(train_batches))
+            step_state, metrics = train_step.run(step_state, batch, jax.random.fold_in(base_rng, step))
+            guard.record(step, metrics["finite"])
+            pending.append(metrics)
+            progress.update()
+            stopping = stop_signals.requested(step)  # Every process gives the same answer.
+            last = step == config.num_train_steps
+            evaluate = (step % config.eval_every_steps == 0 or last) and not stopping
+            save = step % config.checkpoint_every_steps == 0 or last or stopping
 
-        if step % config.log_every_steps == 0 or last:
-            summary = _summarize(jax.device_get(pending), time.perf_counter() - interval_start)
-            train_writer.write(step, summary)
-            progress.set_postfix(loss=f"{summary['loss']:.3f}", tok_s=f"{summary['target_tokens_per_second']:.0f}")
-            pending, interval_start = [], time.perf_counter()
-        if step % config.eval_every_steps == 0 or step % config.checkpoint_every_steps == 0 or last:
-            state = train_step.leave(step_state)
-        if step % config.eval_every_steps == 0 or last:
-            jax.block_until_ready(state)  # Steps still running count as training time.
-            eval_start = time.perf_counter()
-            valid = evaluation.loss_metrics(setup, state.params, corpus.ids[dataset.valid_split])
-            if config.eval.num_bleu_sentences:
-                hypotheses = evaluation.translate(setup, state.params, bleu_ids)
-                valid["bleu"], _ = evaluation.bleu(hypotheses, bleu_text.targets)
-                if checkpointer.save_if_best(step, state.params, valid["bleu"]):
-                    logging.info("Step %d has the best validation BLEU so far (%.2f): kept apart.", step, valid["bleu"])
-            valid_writer.write(step, valid)
-            interval_start += time.perf_counter() - eval_start  # Evaluation is not training time.
-        if step % config.checkpoint_every_steps == 0 or last:
-            checkpointer.save(state, train_batches.state)
-    progress.close()
+            if step % config.log_every_steps == 0 or evaluate or save:
+                guard.check()  # Where the loop waits for the device anyway; always before evaluating or saving.
+            if step % config.log_every_steps == 0 or last or stopping:
+                summary = _summarize(jax.device_get(pending), time.perf_counter() - interval_start)
+                train_writer.write(step, summary)
+                if "loss" in summary:
+                    progress.set_postfix(
+                        loss=f"{summary['loss']:.3f}", tok_s=f"{summary['target_tokens_per_second']:.0f}"
+                    )
+                pending, interval_start = [], time.perf_counter()
+            if evaluate or save:
+                state = train_step.leave(step_state)
+            if evaluate:
+                jax.block_until_ready(state)  # Steps still running count as training time.
+                eval_start = time.perf_counter()
+                valid = evaluation.loss_metrics(setup, state.params, corpus.ids[dataset.valid_split])
+                if config.eval.num_bleu_sentences:
+                    hypotheses = evaluation.translate(setup, state.params, bleu_ids)
+                    valid["bleu"], _ = evaluation.bleu(hypotheses, bleu_text.targets)
+                    if checkpointer.save_if_best(step, state.params, valid["bleu"]):
+                        logging.info(
+                            "Step %d has the best validation BLEU so far (%.2f): kept apart.", step, valid["bleu"]
+                        )
+                valid_writer.write(step, valid)
+                interval_start += time.perf_counter() - eval_start  # Evaluation is not training time.
+            if save:
+                checkpointer.save(state, train_batches.state)
+            if stopping:
+                checkpointer.wait_until_finished()
+                raise stop_signals.stopped(step, checkpointer.directory)
     checkpointer.wait_until_finished()
 
     description = f"step {int(state.step)}"
@@ -194,14 +211,25 @@ def restore_checkpoint(
     return checkpointer.restore(step, sharding.with_shardings(like, state_shardings(config, model, tx, mesh)))
 
 
+def _latest_checkpoint(checkpointer: Checkpointer) -> str | None:
+    """'step 300 in <workdir>/checkpoints', or None before the first save."""
+    step = checkpointer.latest_step()
+    return None if step is None else f"step {step} in {checkpointer.directory}"
+
+
 def _summarize(metrics: list[dict[str, np.ndarray]], seconds: float) -> dict[str, float]:
-    """Means over an interval's steps (token-weighted), and target tokens/s."""
+    """Means over an interval's applied steps (token-weighted), skipped steps, and target tokens/s."""
     tokens = np.array([m["tokens"] for m in metrics], np.float64)
-    summary = {key: float(np.average([m[key] for m in metrics], weights=tokens)) for key in ("loss", "nll", "accuracy")}
+    summary = {}
+    if applied := [m for m in metrics if m["finite"]]:  # Skipped steps have non-finite losses.
+        weights = np.array([m["tokens"] for m in applied], np.float64)
+        for key in ("loss", "nll", "accuracy"):
+            summary[key] = float(np.average([m[key] for m in applied], weights=weights))
+        summary["grad_norm"] = float(np.mean([m["grad_norm"] for m in applied]))
     summary["learning_rate"] = float(metrics[-1]["learning_rate"])
-    summary["grad_norm"] = float(np.mean([m["grad_norm"] for m in metrics]))
     summary["steps_per_second"] = len(metrics) / seconds
     summary["target_tokens_per_second"] = float(tokens.sum()) / seconds
+    summary["skipped_steps"] = float(len(metrics) - len(applied))
     return summary
 
 

@@ -154,7 +154,9 @@ def train_step(
 
     Returns:
         The new state and per-batch metrics: mean 'loss', 'nll' and 'accuracy' over
-        target tokens, 'tokens', 'learning_rate' and the gradient's 'grad_norm'.
+        target tokens, 'tokens', 'learning_rate', the gradient's 'grad_norm', and
+        'finite' (whether the update was applied: see `_is_finite`; if not, the new
+        state holds the old parameters and optimizer state, with the step counted).
     """
     if axis_name is not None:
         rng = jax.random.fold_in(rng, lax.axis_index(axis_name))  # Different dropout on each device.
@@ -170,18 +172,41 @@ def train_step(
         grads, sums = lax.psum((grads, sums), axis_name)
     tokens = jnp.maximum(sums["tokens"], 1.0)
     grads = jax.tree.map(lambda g: g / tokens, grads)
+    grad_norm = optax.tree.norm(grads)
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
-    new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state)
+    finite = _is_finite(sums["loss"], grad_norm, params)
+    # A non-finite update is never applied: the state keeps its parameters and optimizer
+    # state (so Adam's count, which drives the schedule, stays too); the step count
+    # moves on, as the batch has been consumed.
+    keep_if_not_finite = functools.partial(jax.tree.map, lambda new, old: jnp.where(finite, new, old))
+    new_state = state.replace(
+        step=state.step + 1,
+        params=keep_if_not_finite(params, state.params),
+        opt_state=keep_if_not_finite(opt_state, state.opt_state),
+    )
     metrics = {
         "loss": sums["loss"] / tokens,
         "nll": sums["nll"] / tokens,
         "accuracy": sums["correct"] / tokens,
         "tokens": sums["tokens"],
         "learning_rate": learning_rate_fn(state.step),
-        "grad_norm": optax.tree.norm(grads),
+        "grad_norm": grad_norm,
+        "finite": finite,
     }
     return new_state, metrics
+
+
+def _is_finite(loss: jax.Array, grad_norm: jax.Array, new_params: Any) -> jax.Array:
+    """[] bool: whether an update may be applied, its loss, gradients and resulting parameters all finite.
+
+    The gradient's L2 norm is finite only if every squared gradient is, and then so
+    are Adam's moments; the parameters are checked too, as a finite update can still
+    overflow them (a huge learning rate). The checks are reductions XLA fuses into
+    the step; nothing leaves the device.
+    """
+    params_finite = jnp.all(jnp.stack([jnp.all(jnp.isfinite(p)) for p in jax.tree.leaves(new_params)]))
+    return jnp.isfinite(loss) & jnp.isfinite(grad_norm) & params_finite
 
 
 def eval_step(params: Any, batch: Batch, *, model: Transformer) -> dict[str, jax.Array]:
