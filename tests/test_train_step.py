@@ -8,9 +8,10 @@ import numpy as np
 import pytest
 
 from configs import default
+from training import loop, sharding
 from training.optimizer import make_optimizer, rsqrt_schedule
 from training.state import create_train_state, make_model
-from training.steps import eval_step, smoothed_cross_entropy, train_step
+from training.steps import compile_train_step, eval_step, smoothed_cross_entropy, train_step
 
 
 def test_smoothed_cross_entropy_is_kl_to_smoothed_targets():
@@ -139,3 +140,66 @@ def test_bfloat16_step_tracks_the_float32_step():
     # bf16 operands carry 8 significant bits; float32 accumulation keeps the loss within 2%.
     np.testing.assert_allclose(bfloat16_losses, float32_losses, rtol=2e-2)
     assert bfloat16_losses[-1] < bfloat16_losses[0] - 0.1, bfloat16_losses
+
+
+def _compiled_step(compilation: str, peak_learning_rate: float = 3e-3):
+    """The train step as the loop compiles it, on a one-device mesh, and a fresh state in its layout."""
+    config = default.get_config()
+    config.dataset.max_length = config.eval.max_decode_length = 16
+    config.model.update(d_model=32, num_heads=4, d_ff=64, num_layers=1, dropout_rate=0.0)
+    config.optimizer.update(peak_learning_rate=peak_learning_rate, warmup_steps=1)
+    model = make_model(config, vocab_size=24)
+    tx, schedule = make_optimizer(config.optimizer)
+    mesh = sharding.make_mesh(devices=jax.devices()[:1])
+    shardings = loop.state_shardings(config, model, tx, mesh)
+    step = compile_train_step(
+        compilation,
+        mesh,
+        config.mesh.rules,
+        shardings,
+        model=model,
+        tx=tx,
+        learning_rate_fn=schedule,
+        label_smoothing=0.1,
+    )
+    return step, step.enter(loop.initial_state(config, model, tx, shardings))
+
+
+def _run(step, state, batch):
+    """One step; returns the states before and after (on the host) and the metrics."""
+    before = jax.device_get(step.leave(state))  # The step donates `state`.
+    state, metrics = step.run(state, step.place_batch(batch), jax.random.PRNGKey(1))
+    return before, jax.device_get(step.leave(state)), jax.device_get(metrics), state
+
+
+def _assert_same_update_state(a, b):
+    jax.tree.map(np.testing.assert_array_equal, (a.params, a.opt_state), (b.params, b.opt_state))
+
+
+@pytest.mark.parametrize("compilation", ["jit", "pmap"])
+def test_a_step_with_a_non_finite_loss_changes_nothing_but_the_step_count(compilation):
+    step, state = _compiled_step(compilation)
+    batch = jax.tree.map(np.asarray, _copy_task_batch())
+    bad = {**batch, "targets": batch["targets"].copy()}
+    bad["targets"][0, 0] = 24  # Outside the vocabulary: the gathers fill in NaN.
+
+    before, after, metrics, state = _run(step, state, bad)
+    assert not metrics["finite"] and not np.isfinite(metrics["loss"])
+    _assert_same_update_state(before, after)
+    assert int(after.step) == 1
+
+    before, after, metrics, _ = _run(step, state, batch)  # The next good batch trains as usual.
+    assert metrics["finite"] and np.isfinite(metrics["loss"])
+    assert int(after.step) == 2
+    assert not np.array_equal(before.params["shared_embedding"]["embedding"], after.params["shared_embedding"]["embedding"])
+
+
+@pytest.mark.filterwarnings("ignore:overflow encountered in cast")  # The learning rate, on purpose.
+@pytest.mark.parametrize("compilation", ["jit", "pmap"])
+def test_an_update_that_overflows_the_parameters_is_not_applied(compilation):
+    # 1e39 is beyond float32 (its largest is 3.4e38): the loss and gradients are finite, the new parameters not.
+    step, state = _compiled_step(compilation, peak_learning_rate=1e39)
+    before, after, metrics, _ = _run(step, state, jax.tree.map(np.asarray, _copy_task_batch()))
+    assert np.isfinite(metrics["loss"]) and np.isfinite(metrics["grad_norm"])
+    assert not metrics["finite"]
+    _assert_same_update_state(before, after)

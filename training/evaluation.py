@@ -3,6 +3,7 @@
 import dataclasses
 import functools
 import json
+import math
 import os
 from collections.abc import Callable, Sequence
 
@@ -184,6 +185,7 @@ def evaluate_split(
     scores["bleu"], scores["signature"] = bleu(hypotheses, text.targets)
     scores["chrf"], scores["chrf_signature"] = chrf(hypotheses, text.targets)
     scores["decoding"] = setup.decoding
+    scores = nulls_for_nonfinite(scores)
     if not distributed.is_main_process():
         return scores, hypotheses
     os.makedirs(out_dir, exist_ok=True)
@@ -191,5 +193,22 @@ def evaluate_split(
         with open(os.path.join(out_dir, name), "w", encoding="utf-8") as f:
             f.writelines(line.replace("\n", " ") + "\n" for line in lines)
     with open(os.path.join(out_dir, "scores.json"), "w", encoding="utf-8") as f:
-        json.dump(scores, f, indent=2)
+        json.dump(scores, f, indent=2, allow_nan=False)
     return scores, hypotheses
+
+
+def nulls_for_nonfinite(scores: dict) -> dict:
+    """`scores` with each NaN or infinite number as None (JSON null), named in 'not_finite', with a warning.
+
+    Python's json module would write them as NaN and Infinity, which JSON does not have.
+    """
+    names = [name for name, value in scores.items() if isinstance(value, float) and not math.isfinite(value)]
+    if not names:
+        return scores
+    logging.warning(
+        "%s, %s: %s not finite (NaN or infinite parameters?); written as null.",
+        scores.get("split"),
+        scores.get("checkpoint"),
+        ", ".join(names),
+    )
+    return {**{name: None if name in names else value for name, value in scores.items()}, "not_finite": names}

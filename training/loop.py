@@ -257,13 +257,16 @@ def _evaluate(config, setup, model, params, step: int, description: str, corpus:
 
 
 def _log_scores(scores: dict) -> None:
+    def number(name: str, digits: int) -> str:
+        return "null" if scores[name] is None else f"{scores[name]:.{digits}f}"  # Null: not finite.
+
     logging.info(
-        "%s, %s: BLEU %.2f, loss %.4f, perplexity %.2f (%s)",
+        "%s, %s: BLEU %.2f, loss %s, perplexity %s (%s)",
         scores["split"],
         scores["checkpoint"],
         scores["bleu"],
-        scores["loss"],
-        scores["perplexity"],
+        number("loss", 4),
+        number("perplexity", 2),
         scores["signature"],
     )
 
