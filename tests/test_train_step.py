@@ -191,7 +191,9 @@ def test_a_step_with_a_non_finite_loss_changes_nothing_but_the_step_count(compil
     before, after, metrics, _ = _run(step, state, batch)  # The next good batch trains as usual.
     assert metrics["finite"] and np.isfinite(metrics["loss"])
     assert int(after.step) == 2
-    assert not np.array_equal(before.params["shared_embedding"]["embedding"], after.params["shared_embedding"]["embedding"])
+    assert not np.array_equal(
+        before.params["shared_embedding"]["embedding"], after.params["shared_embedding"]["embedding"]
+    )
 
 
 @pytest.mark.filterwarnings("ignore:overflow encountered in cast")  # The learning rate, on purpose.

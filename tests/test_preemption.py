@@ -1,0 +1,178 @@
+"""Stopping and resuming: SIGTERM and SIGINT save and exit; SIGKILL at any moment loses nothing saved.
+
+A run stopped by a signal, killed at random moments (during saves too) and resumed
+each time must end with the very parameters of a run that was never interrupted.
+"""
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import jax
+import numpy as np
+import pytest
+from conftest import REPO_ROOT, tiny_config
+from test_multi_host import _read, _start_processes, _train_args, _wait_all
+from test_train_loop import _restore
+
+from training.preemption import StopSignals, exit_status
+
+_STOPPED = re.compile(  # The one line a stopped run prints: (signal, step, checkpoint folder).
+    r"^Stopped by (\S+|a stop signal to one of the processes) after step (\d+), saved in (\S+); "
+    r"run the same command to resume\.$"
+)
+
+
+@pytest.mark.parametrize(("signal_number", "status"), [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_a_signal_becomes_a_stop_request_and_the_handlers_come_back(signal_number, status):
+    before = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+    with StopSignals(first_step=0) as stop:
+        assert not stop.requested(1)
+        signal.raise_signal(signal_number)  # Runs the Python handler before returning.
+        assert stop.requested(2) and stop.received == signal_number
+        # A second signal of either kind would end the process at once.
+        assert signal.getsignal(signal.SIGTERM) == signal.getsignal(signal.SIGINT) == signal.SIG_DFL
+        stopped = stop.stopped(2, "/runs/a/checkpoints")
+    assert {s: signal.getsignal(s) for s in before} == before
+    assert stopped.exit_status == exit_status(signal_number) == status
+    match = _STOPPED.match(str(stopped))
+    assert match and match.groups() == (signal.Signals(signal_number).name, "2", "/runs/a/checkpoints")
+
+
+def _latest_step(workdir: str) -> int:
+    """The newest complete checkpoint (Orbax writes <step>.orbax-checkpoint-tmp-* first, then renames it)."""
+    folder = os.path.join(workdir, "checkpoints")
+    steps = [int(name) for name in os.listdir(folder) if name.isdigit()] if os.path.isdir(folder) else []
+    return max(steps, default=0)
+
+
+def _save_in_flight(workdir: str) -> bool:
+    folder = os.path.join(workdir, "checkpoints")
+    return os.path.isdir(folder) and any(".orbax-checkpoint-tmp" in name for name in os.listdir(folder))
+
+
+_STEPS = 100
+_TIMEOUT = 300  # Seconds for any one run; a hang fails the test.
+
+
+def _args(corpus: str, workdir: str) -> list[str]:
+    return [
+        "train.py",
+        "--config=configs/tiny.py",
+        f"--workdir={workdir}",
+        f"--config.dataset.path={corpus}",
+        f"--config.num_train_steps={_STEPS}",
+        "--config.checkpoint_every_steps=2",  # Saves are in flight most of the time.
+        "--config.keep_checkpoints=2",
+        "--config.eval_every_steps=100000",
+        "--config.eval.split=valid",
+        "--config.eval.num_bleu_sentences=0",
+        "--config.dataset.bucket_boundaries=(32,)",  # One shape: one compilation.
+    ]
+
+
+def _start(corpus: str, workdir: str, log_path: str) -> subprocess.Popen:
+    env = dict(os.environ, JAX_PLATFORMS="cpu", CUDA_VISIBLE_DEVICES="", TF_CPP_MIN_LOG_LEVEL="2")
+    env.pop("XLA_FLAGS", None)
+    with open(log_path, "w") as log:
+        return subprocess.Popen(
+            [sys.executable, *_args(corpus, workdir)], cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT
+        )
+
+
+def _interrupt(process: subprocess.Popen, workdir: str, signal_number: int, delay: float, during_save: bool) -> None:
+    """Sends the signal once the run has saved a step of its own, `delay` s later or when a save is in flight."""
+    deadline = time.monotonic() + _TIMEOUT
+    resumed_from = _latest_step(workdir)
+    while _latest_step(workdir) <= resumed_from:  # Training (not start-up) has begun.
+        assert process.poll() is None and time.monotonic() < deadline, "the run ended before saving a step"
+        time.sleep(0.01)
+    if during_save:
+        while not _save_in_flight(workdir):
+            assert process.poll() is None and time.monotonic() < deadline, "the run ended before a save was seen"
+            time.sleep(0.002)
+    else:
+        time.sleep(delay)
+    assert process.poll() is None, "the run ended before the signal"
+    process.send_signal(signal_number)
+
+
+@pytest.mark.slow
+def test_runs_killed_at_random_moments_and_resumed_end_with_the_uninterrupted_parameters(small_corpus, tmp_path):
+    started = time.monotonic()
+    straight, interrupted = str(tmp_path / "straight"), str(tmp_path / "interrupted")
+    reference = _start(small_corpus, straight, str(tmp_path / "straight.log"))  # Alongside the others.
+    rng = np.random.default_rng(8)
+    rounds = [  # (signal, during a save)
+        (signal.SIGKILL, True),
+        (signal.SIGKILL, False),
+        (signal.SIGTERM, False),
+        (signal.SIGKILL, False),
+    ]
+    try:
+        for i, (signal_number, during_save) in enumerate(rounds):
+            log = str(tmp_path / f"round_{i}.log")
+            process = _start(small_corpus, interrupted, log)
+            try:
+                _interrupt(process, interrupted, signal_number, rng.uniform(0.0, 0.5), during_save)
+                returncode = process.wait(timeout=_TIMEOUT)
+            finally:
+                _wait_all([process], time.monotonic())
+            print(
+                f"round {i}: {signal.Signals(signal_number).name}, exit {returncode}, latest step "
+                f"{_latest_step(interrupted)}"
+            )
+            if signal_number == signal.SIGKILL:
+                assert returncode == -signal.SIGKILL
+            else:
+                last_line = _read(log).strip().splitlines()[-1]
+                assert returncode == 143, _read(log)[-3000:]
+                match = _STOPPED.match(last_line)
+                assert match and match[1] == "SIGTERM", last_line
+                assert _latest_step(interrupted) == int(match[2])
+                assert "Traceback" not in _read(log)
+        final = _start(small_corpus, interrupted, str(tmp_path / "final.log"))
+        assert _wait_all([final], time.monotonic() + _TIMEOUT) == [0], _read(str(tmp_path / "final.log"))[-3000:]
+    finally:
+        reference_returncode = _wait_all([reference], time.monotonic() + _TIMEOUT)
+    assert reference_returncode == [0], _read(str(tmp_path / "straight.log"))[-3000:]
+    print(f"{len(rounds)} interruptions and the uninterrupted run: {time.monotonic() - started:.0f} s")
+
+    config = tiny_config(small_corpus)
+    state_a, data_a = _restore(config, straight, _STEPS)
+    state_b, data_b = _restore(config, interrupted, _STEPS)
+    assert data_a == data_b
+    jax.tree.map(np.testing.assert_array_equal, jax.device_get(state_a), jax.device_get(state_b))
+
+
+@pytest.mark.slow
+def test_two_processes_stop_at_the_same_step_when_one_gets_sigterm(small_corpus, tmp_path):
+    workdir = str(tmp_path / "run")
+    deadline = time.monotonic() + 600
+    processes = _start_processes(_train_args(small_corpus, workdir, 100_000), 2, 1, str(tmp_path / "stop"))
+    logs = [str(tmp_path / f"stop.{i}.log") for i in range(2)]
+    try:
+        while "] train: loss=" not in _read(logs[0]):  # Both are training.
+            assert time.monotonic() < deadline and all(p.poll() is None for p in processes), _read(logs[0])[-3000:]
+            time.sleep(0.2)
+        processes[1].send_signal(signal.SIGTERM)
+        returncodes = _wait_all(processes, deadline)
+    finally:
+        _wait_all(processes, time.monotonic())
+    last_lines = [_read(log).strip().splitlines()[-1] for log in logs]
+    assert returncodes == [143, 143], "\n\n".join(_read(log)[-3000:] for log in logs)
+    matches = [_STOPPED.match(line) for line in last_lines]
+    assert all(matches), last_lines
+    step = int(matches[0][2])
+    assert int(matches[1][2]) == step and step % 1000  # Not a regular checkpoint step.
+    assert sorted(os.listdir(os.path.join(workdir, "checkpoints"))) == [str(step)]
+
+    # The same command resumes from that step in both processes (here told to stop two steps later).
+    processes = _start_processes(_train_args(small_corpus, workdir, step + 2), 2, 1, str(tmp_path / "resume"))
+    assert _wait_all(processes, deadline) == [0, 0], _read(str(tmp_path / "resume.0.log"))[-3000:]
+    assert f"Resumed from step {step} " in _read(str(tmp_path / "resume.0.log"))
+    state, _ = _restore(tiny_config(small_corpus), workdir, step + 2)
+    assert int(state.step) == step + 2
