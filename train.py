@@ -108,6 +108,12 @@ def main(argv):
     except TrainingStopped as e:  # A stop signal or a diverged run: what could be saved is saved.
         print(e, file=sys.stderr)
         sys.exit(e.exit_status)
+    except KeyboardInterrupt:  # Ctrl-C outside the training steps (start-up, evaluation): nothing unsaved.
+        print("Interrupted by SIGINT; the checkpoints saved so far are intact.", file=sys.stderr)
+        sys.stderr.flush()
+        if distributed.is_connected():
+            os._exit(130)  # As below: the other processes may be waiting for this one.
+        sys.exit(130)
     except UserInputError as e:
         print(f"error: {e}", file=sys.stderr)
         if distributed.is_connected():

@@ -1,8 +1,10 @@
 """The training loop and checkpoint evaluation, as called by train.py."""
 
+import contextlib
 import functools
 import os
 import time
+from collections.abc import Iterator
 
 import jax
 import ml_collections
@@ -15,7 +17,7 @@ from input_pipeline.corpus import Corpus, load_corpus
 from input_pipeline.datasets import TextPairs
 from training import divergence, evaluation, preemption, sharding
 from training.checkpointing import Checkpointer, averaged_checkpoint_dir, save_params
-from training.errors import UserInputError
+from training.errors import TrainingStopped, UserInputError
 from training.inference import load_trained_model, save_config, write_attention_summary
 from training.metrics_writer import MetricWriter
 from training.optimizer import make_optimizer
@@ -94,6 +96,11 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
 
     Returns:
         The evaluation scores (also in <workdir>/eval/<split>/scores.json).
+
+    Raises:
+        TrainingStopped: SIGTERM or SIGINT came (the step reached is saved first:
+            training/preemption.py), or a step was not finite (config.nonfinite:
+            training/divergence.py).
     """
     dataset = config.dataset
     splits = tuple(dict.fromkeys((dataset.train_split, dataset.valid_split, config.eval.split)))
@@ -142,7 +149,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
         dynamic_ncols=True,
         disable=jax.process_index() != 0,
     )
-    with progress, preemption.StopSignals(first_step) as stop_signals:
+    with progress, preemption.StopSignals(first_step) as stop_signals, _saves_finished_when_stopped(checkpointer):
         for step in range(first_step + 1, config.num_train_steps + 1):
             batch = train_step.place_batch(next(train_batches))
             step_state, metrics = train_step.run(step_state, batch, jax.random.fold_in(base_rng, step))
@@ -182,7 +189,6 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
             if save:
                 checkpointer.save(state, train_batches.state)
             if stopping:
-                checkpointer.wait_until_finished()
                 raise stop_signals.stopped(step, checkpointer.directory)
     checkpointer.wait_until_finished()
 
@@ -209,6 +215,16 @@ def restore_checkpoint(
     """
     like = jax.eval_shape(lambda: create_train_state(model, tx, config.seed))
     return checkpointer.restore(step, sharding.with_shardings(like, state_shardings(config, model, tx, mesh)))
+
+
+@contextlib.contextmanager
+def _saves_finished_when_stopped(checkpointer: Checkpointer) -> Iterator[None]:
+    """Lets the saves in flight (all of good states) complete when training stops early, before the process ends."""
+    try:
+        yield
+    except TrainingStopped:
+        checkpointer.wait_until_finished()
+        raise
 
 
 def _latest_checkpoint(checkpointer: Checkpointer) -> str | None:
