@@ -13,13 +13,14 @@ short that way is discarded and the run resumes from the checkpoint before it.
 Several processes (jax.distributed) must stop after the same step, the one whose
 checkpoint they save together, even when only one got the signal. JAX's preemption
 sync manager does this: `jax.distributed.initialize` installs a SIGTERM handler of its
-own that tells the coordination service, which agrees on a step every process has not
-reached yet, and `multihost_utils.reached_preemption_sync_point(step)` answers True at
-that step in every process (Orbax's `CheckpointManager` asks it too, at the same step
+own that tells the coordination service, which agrees on a step no process has passed
+yet, and `multihost_utils.reached_preemption_sync_point(step)` answers True at that
+step in every process (Orbax's `CheckpointManager` asks it too, with the same step
 numbers). A Python handler for SIGTERM would replace JAX's, so here SIGTERM is left to
-it, and SIGINT is passed on to it as a SIGTERM to this process. A signal that comes
-before the loop has restored its first step may not be acted on (the agreement counts
-steps from 0): the run then goes on, and nothing is lost that was saved.
+it, and SIGINT is passed on to it as a SIGTERM to this process. A SIGTERM during
+start-up, before the loop tells JAX its first step, may be missed (the agreement then
+picks step 1, which a resumed run never reaches): the run goes on until the
+scheduler's SIGKILL, which loses nothing that was saved.
 """
 
 import os
@@ -56,7 +57,8 @@ class StopSignals:
 
     def __init__(self, first_step: int):
         self.received: int | None = None  # The first signal this process got, if any.
-        self._several = jax.distributed.is_initialized()
+        # One process needs no agreement: its own handlers replace JAX's (if jax.distributed started it).
+        self._several = jax.process_count() > 1
         self._first_step = first_step
         self._previous: dict[int, object] = {}
 
