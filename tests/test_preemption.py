@@ -54,7 +54,7 @@ def _save_in_flight(workdir: str) -> bool:
     return os.path.isdir(folder) and any(".orbax-checkpoint-tmp" in name for name in os.listdir(folder))
 
 
-_STEPS = 100
+_STEPS = 60  # Each of the 4 interrupted runs saves 2 to 8 steps, then the last one finishes.
 _TIMEOUT = 300  # Seconds for any one run; a hang fails the test.
 
 
@@ -83,14 +83,14 @@ def _start(corpus: str, workdir: str, log_path: str) -> subprocess.Popen:
         )
 
 
-def _interrupt(process: subprocess.Popen, workdir: str, signal_number: int, delay: float, during_save: bool) -> None:
-    """Sends the signal once the run has saved a step of its own, `delay` s later or when a save is in flight."""
+def _interrupt(process: subprocess.Popen, workdir: str, signal_number: int, steps: int, delay: float | None) -> None:
+    """Sends the signal once the run has saved `steps` more steps, `delay` s later (None: when a save is in flight)."""
     deadline = time.monotonic() + _TIMEOUT
-    resumed_from = _latest_step(workdir)
-    while _latest_step(workdir) <= resumed_from:  # Training (not start-up) has begun.
-        assert process.poll() is None and time.monotonic() < deadline, "the run ended before saving a step"
-        time.sleep(0.01)
-    if during_save:
+    target = _latest_step(workdir) + steps
+    while _latest_step(workdir) < target:  # Counted in steps, not seconds: the same on any machine.
+        assert process.poll() is None and time.monotonic() < deadline, "the run ended before the signal"
+        time.sleep(0.005)
+    if delay is None:
         while not _save_in_flight(workdir):
             assert process.poll() is None and time.monotonic() < deadline, "the run ended before a save was seen"
             time.sleep(0.002)
@@ -106,18 +106,18 @@ def test_runs_killed_at_random_moments_and_resumed_end_with_the_uninterrupted_pa
     straight, interrupted = str(tmp_path / "straight"), str(tmp_path / "interrupted")
     reference = _start(small_corpus, straight, str(tmp_path / "straight.log"))  # Alongside the others.
     rng = np.random.default_rng(8)
-    rounds = [  # (signal, during a save)
-        (signal.SIGKILL, True),
-        (signal.SIGKILL, False),
-        (signal.SIGTERM, False),
-        (signal.SIGKILL, False),
+    rounds = [  # (signal, steps saved first, then seconds to wait or None: the moment a save is in flight)
+        (signal.SIGKILL, 2, None),
+        (signal.SIGKILL, 2 * rng.integers(1, 5), rng.uniform(0.0, 0.05)),
+        (signal.SIGTERM, 2 * rng.integers(1, 5), rng.uniform(0.0, 0.05)),
+        (signal.SIGKILL, 2 * rng.integers(1, 5), rng.uniform(0.0, 0.05)),
     ]
     try:
-        for i, (signal_number, during_save) in enumerate(rounds):
+        for i, (signal_number, steps, delay) in enumerate(rounds):
             log = str(tmp_path / f"round_{i}.log")
             process = _start(small_corpus, interrupted, log)
             try:
-                _interrupt(process, interrupted, signal_number, rng.uniform(0.0, 0.5), during_save)
+                _interrupt(process, interrupted, signal_number, steps, delay)
                 returncode = process.wait(timeout=_TIMEOUT)
             finally:
                 _wait_all([process], time.monotonic())
