@@ -65,10 +65,10 @@ class NonFiniteGuard:
             self.skipped += int(not finite)
             if self._in_a_row >= self._limit:
                 raise TrainingStopped(self._message(step), EXIT_STATUS)
-        if not flags.all():
+        if skipped := [step for step, finite in zip(steps, flags, strict=True) if not finite]:
             logging.warning(
-                "Skipped the updates of steps %s: the loss or gradients were not finite (%d skipped so far).",
-                ", ".join(str(s) for s, finite in zip(steps, flags, strict=True) if not finite),
+                "Skipped the update of step %s: the loss or gradients were not finite (%d skipped so far).",
+                ", ".join(map(str, skipped)),
                 self.skipped,
             )
 

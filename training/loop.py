@@ -2,6 +2,7 @@
 
 import contextlib
 import functools
+import math
 import os
 import time
 from collections.abc import Iterator
@@ -180,7 +181,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
                 if config.eval.num_bleu_sentences:
                     hypotheses = evaluation.translate(setup, state.params, bleu_ids)
                     valid["bleu"], _ = evaluation.bleu(hypotheses, bleu_text.targets)
-                    if checkpointer.save_if_best(step, state.params, valid["bleu"]):
+                    # Finite parameters can still give a non-finite loss (the skipped steps of a diverging run).
+                    if math.isfinite(valid["loss"]) and checkpointer.save_if_best(step, state.params, valid["bleu"]):
                         logging.info(
                             "Step %d has the best validation BLEU so far (%.2f): kept apart.", step, valid["bleu"]
                         )
