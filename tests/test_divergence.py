@@ -9,11 +9,12 @@ import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 import pytest
-from conftest import run_entry_point
+from conftest import run_entry_point, tiny_config
 
+from configs.validation import validate_config
 from training.checkpointing import best_checkpoint_dir, checkpoint_dir
 from training.divergence import EXIT_STATUS, NonFiniteGuard
-from training.errors import TrainingStopped
+from training.errors import TrainingStopped, UserInputError
 from training.evaluation import nulls_for_nonfinite
 
 
@@ -109,3 +110,10 @@ def test_a_diverging_run_stops_with_one_line_and_keeps_only_finite_checkpoints(s
     else:  # Skipped steps leave the last good parameters, which are saved; the third in a row stops the run.
         assert "3 in a row" in last_line
         np.testing.assert_array_equal(saved[-1][1][0], saved[-2][1][0])
+
+
+@pytest.mark.parametrize(("field", "value"), [("nonfinite", "ignore"), ("max_nonfinite_in_a_row", 0)])
+def test_the_config_check_names_a_bad_nonfinite_field(field, value):
+    config = tiny_config(**{field: value})
+    with pytest.raises(UserInputError, match=f"config.{field} is {value!r}"):
+        validate_config(config, num_devices=1)
