@@ -67,7 +67,8 @@ class NonFiniteGuard:
                 raise TrainingStopped(self._message(step), EXIT_STATUS)
         if skipped := [step for step, finite in zip(steps, flags, strict=True) if not finite]:
             logging.warning(
-                "Skipped the update of step %s: the loss or gradients were not finite (%d skipped so far).",
+                "Skipped the update of %s %s: the loss or gradients were not finite (%d skipped so far).",
+                "step" if len(skipped) == 1 else "steps",
                 ", ".join(map(str, skipped)),
                 self.skipped,
             )
