@@ -127,7 +127,7 @@ class Checkpointer:
         step = int(state.step)
         if step in self._manager.all_steps():
             return
-        summary = _finite_summary(state, f"Refusing to save step {step}: the train state")
+        summary = _finite_summary(state, f"Refusing to save step {step}: the train state holds")
         self._manager.save(
             step,
             args=ocp.args.Composite(
@@ -153,7 +153,7 @@ class Checkpointer:
         if self._best is not None and valid_bleu <= self._best.valid_bleu:
             return False
         tree = {"params": params}
-        summary = _finite_summary(tree, f"Refusing to keep step {step} as the best: its parameters")
+        summary = _finite_summary(tree, f"Refusing to keep step {step} as the best: its parameters hold")
         # After a restart a step can be evaluated again. Where its BLEU differs (nondeterministic
         # accelerators, a changed eval config) a later or equal step may be on disk: Orbax neither
         # overwrites a step nor saves one older than its latest.
@@ -374,11 +374,11 @@ def _is_finite(value: float) -> bool:
 
 
 def _finite_summary(tree: Any, refusal: str) -> Summary:
-    """`tree`'s Summary; raises NonFiniteStateError starting with `refusal` if a leaf holds NaN or Inf."""
+    """`tree`'s Summary; if a leaf holds NaN or Inf, raises NonFiniteStateError: '<refusal> NaN or Inf in <leaf>...'."""
     summary = Summary(tree)
     if summary.nonfinite:
         raise NonFiniteStateError(
-            f"{refusal} holds NaN or Inf in {_some(summary.nonfinite)}. Nothing was written; the checkpoints "
+            f"{refusal} NaN or Inf in {_some(summary.nonfinite)}. Nothing was written; the checkpoints "
             "on disk are intact. The run diverged: lower the learning rate and rerun (it resumes from the last "
             "checkpoint)."
         )
