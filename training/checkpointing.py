@@ -72,9 +72,9 @@ def averaged_checkpoint_dir(workdir: str, steps: tuple[int, ...]) -> str:
 class DamagedCheckpointError(UserInputError):
     """A checkpoint on disk cannot be restored as saved: files missing or unreadable, or contents altered."""
 
-    def __init__(self, directory: str, step: int, cause: str):
+    def __init__(self, directory: str, step: int, cause: str, message: str | None = None):
         self.directory, self.step, self.cause = directory, step, cause
-        super().__init__(f"The checkpoint at step {step} in {directory} is damaged: {cause}")
+        super().__init__(message or f"The checkpoint at step {step} in {directory} is damaged: {cause}")
 
 
 class NonFiniteStateError(UserInputError):
@@ -296,11 +296,12 @@ class Checkpointer:
         if not damaged:
             return None
         causes = "; ".join(f"step {e.step}: {e.cause}" for e in damaged)
+        advice = "" if self._read_only else f" Move {self.directory} away to train from step 0."
         raise DamagedCheckpointError(
             self.directory,
             damaged[0].step,
-            f"so are all earlier steps ({causes}). Nothing was changed; move {self.directory} away to start "
-            "from step 0.",
+            causes,
+            f"No intact checkpoint in {self.directory}, nothing was changed: {causes}.{advice}",
         )
 
     def _set_aside(self, step: int) -> str:
