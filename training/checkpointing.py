@@ -12,28 +12,27 @@ Layout under the workdir:
                                         <step> ({'params': ...}) and the steps averaged (JSON).
   damaged_checkpoints/<step>            a damaged step that training resumed past, moved out of the rotation.
 
-A state holding NaN or Inf is never written. Restoring checks, in order: the files are there, the saved
-shapes fit the model (a misfit is the config's fault: one error, no fallback), the arrays read, they are
-finite, and their fingerprints equal those recorded at the save; any other failure makes the step damaged.
-Resuming and 'latest' then fall back to the step before, with one warning per damaged step; a damaged step
-named explicitly is one error. Saves are asynchronous.
+A state holding NaN or Inf is never written. Each step is verified when read back (checkpoint_restore:
+files there, shapes fit, arrays read, finite, fingerprints as recorded at the save). Resuming and 'latest'
+fall back past damaged steps, with one warning each; training moves them to damaged_checkpoints/. A
+damaged step named explicitly ('best', a step, a member of 'average:N') is one error. Which checkpoints a
+choice names, and averaging, are in checkpoint_choice. Saves are asynchronous.
 """
 
 import dataclasses
-import logging as logging_std
 import os
-import sys
 from typing import Any
 
 import jax
-import numpy as np
 import orbax.checkpoint as ocp
 from absl import logging
 from jax.experimental import multihost_utils
 
 from input_pipeline.batching import IteratorState
+from training import checkpoint_restore
 from training.checkpoint_choice import CHECKPOINT_CHOICES, BestScore, Selection, mean_params, resolve_choice
-from training.checkpoint_integrity import Summary, leaf_names
+from training.checkpoint_integrity import Summary
+from training.checkpoint_restore import DamagedCheckpointError, one_line, some_names
 from training.errors import UserInputError
 from training.state import TrainState
 
@@ -67,14 +66,6 @@ def damaged_checkpoint_dir(workdir: str) -> str:
 def averaged_checkpoint_dir(workdir: str, steps: tuple[int, ...]) -> str:
     """<workdir>/averaged/<N>_<last step>: where the average of `steps` is saved."""
     return os.path.join(os.path.abspath(workdir), "averaged", f"{len(steps)}_{steps[-1]}")
-
-
-class DamagedCheckpointError(UserInputError):
-    """A checkpoint on disk cannot be restored as saved: files missing or unreadable, or contents altered."""
-
-    def __init__(self, directory: str, step: int, cause: str, message: str | None = None):
-        self.directory, self.step, self.cause = directory, step, cause
-        super().__init__(message or f"The checkpoint at step {step} in {directory} is damaged: {cause}")
 
 
 class NonFiniteStateError(UserInputError):
@@ -186,7 +177,7 @@ class Checkpointer:
             DamagedCheckpointError: the checkpoint cannot be restored as it was saved.
         """
         self._require_step(step)
-        restored = _restore_verified(self._manager, step, abstract_state, data=ocp.args.JsonRestore())
+        restored = checkpoint_restore.restore_verified(self._manager, step, abstract_state, data=ocp.args.JsonRestore())
         return restored["state"], IteratorState(**restored["data"])
 
     def restore_latest(self, abstract_state: TrainState) -> tuple[TrainState, IteratorState] | None:
@@ -213,7 +204,7 @@ class Checkpointer:
             UserInputError, DamagedCheckpointError: as `restore`.
         """
         self._require_step(step)
-        return _restore_params(self._manager, step, abstract_params)
+        return checkpoint_restore.restore_params(self._manager, step, abstract_params)
 
     def select(self, choice: str) -> Selection:
         """Resolves a user's checkpoint choice, from metadata only (no array is read).
@@ -249,7 +240,7 @@ class Checkpointer:
             return params, Selection("step", (step,), f"step {step}")
         try:
             if selection.kind == "best":
-                return _restore_params(self._best_manager, selection.step, abstract_params), selection
+                return checkpoint_restore.restore_params(self._best_manager, selection.step, abstract_params), selection
             if selection.kind == "average":
                 return self.average_params(selection.steps, abstract_params), selection
             return self.restore_params(selection.step, abstract_params), selection
@@ -332,7 +323,7 @@ class Checkpointer:
                 "The best checkpoint (step %d) in %s is damaged: %s; it counts as no best.",
                 step,
                 self._best_manager.directory,
-                _one_line(e),
+                one_line(e),
             )
             return None
 
@@ -379,162 +370,8 @@ def _finite_summary(tree: Any, refusal: str) -> Summary:
     summary = Summary(tree)
     if summary.nonfinite:
         raise NonFiniteStateError(
-            f"{refusal} NaN or Inf in {_some(summary.nonfinite)}. Nothing was written; the checkpoints "
+            f"{refusal} NaN or Inf in {some_names(summary.nonfinite)}. Nothing was written; the checkpoints "
             "on disk are intact. The run diverged: lower the learning rate and rerun (it resumes from the last "
             "checkpoint)."
         )
     return summary
-
-
-_unverifiable_warned: set[str] = set()
-
-
-def _restore_params(manager: ocp.CheckpointManager, step: int, abstract_params: Any) -> Any:
-    """The 'params' of the 'state' item saved at `step` (nothing else of it is read)."""
-    return _restore_verified(manager, step, {"params": abstract_params}, partial=True)["state"]["params"]
-
-
-def _restore_verified(
-    manager: ocp.CheckpointManager, step: int, abstract_state: Any, *, partial: bool = False, **other_items
-) -> dict:
-    """Restores the 'state' item (and `other_items`) of `step`, and verifies what was read.
-
-    Raises:
-        UserInputError: the saved shapes do not fit `abstract_state` (checked on metadata, before any read).
-        DamagedCheckpointError: anything else keeps the step from restoring as saved.
-    """
-    _quiet_abandoned_reads()
-    step_dir = os.path.join(str(manager.directory), str(step))
-
-    def damaged(cause: str) -> DamagedCheckpointError:
-        return DamagedCheckpointError(str(manager.directory), step, cause)
-
-    if not os.path.isdir(os.path.join(step_dir, "state")):
-        raise damaged("its state/ folder is missing")
-    try:
-        metadata = manager.item_metadata(step)["state"].tree
-    except Exception as e:  # pylint: disable=broad-except  (garbled metadata fails in many ways)
-        raise damaged(f"its metadata is unreadable ({_one_line(e)})") from None
-    _check_fit(manager, step, metadata, abstract_state, partial=partial)
-
-    recorded = None
-    if os.path.isdir(os.path.join(step_dir, "integrity")):
-        try:
-            recorded = manager.restore(step, args=ocp.args.Composite(integrity=ocp.args.JsonRestore()))["integrity"]
-        except Exception as e:  # pylint: disable=broad-except
-            raise damaged(f"its integrity record is unreadable ({_one_line(e)})") from None
-    state = ocp.args.PyTreeRestore(
-        item=abstract_state,
-        restore_args=ocp.checkpoint_utils.construct_restore_args(abstract_state),
-        partial_restore=partial,
-    )
-    error = None
-    try:
-        restored = manager.restore(step, args=ocp.args.Composite(state=state, **other_items))
-    except Exception as e:  # pylint: disable=broad-except  (TensorStore raises bare Exceptions)
-        error = f"reading it failed ({_one_line(e)})"
-    if jax.process_count() > 1:  # Each process reads its own shards: all must agree before the global checks.
-        failed = multihost_utils.process_allgather(np.array(error is not None))
-        if error is None and failed.any():
-            error = "reading it failed on another process"
-    if error is not None:
-        raise damaged(error)
-
-    summary = Summary(restored["state"])
-    if summary.nonfinite:
-        raise damaged(f"it holds NaN or Inf in {_some(summary.nonfinite)}")
-    if recorded is None:
-        if str(manager.directory) not in _unverifiable_warned:
-            _unverifiable_warned.add(str(manager.directory))
-            logging.warning(
-                "Checkpoints in %s (step %d) were saved without fingerprints (before this version): their "
-                "contents cannot be verified.",
-                manager.directory,
-                step,
-            )
-    elif mismatches := summary.mismatches(recorded):
-        raise damaged(
-            f"the contents of {_some(mismatches)} differ from those saved (integrity check failed): "
-            "its files were altered after the save"
-        )
-    return restored
-
-
-def _check_fit(manager: ocp.CheckpointManager, step: int, saved_tree: Any, abstract: Any, *, partial: bool) -> None:
-    """Raises UserInputError naming the first array the checkpoint lacks or shapes otherwise.
-
-    Checked on the saved metadata, before any array is read. With `partial`, arrays the checkpoint
-    holds beyond `abstract` (the optimizer state, when restoring parameters) are fine.
-    """
-    saved = _shapes_by_name(saved_tree)
-    wanted = _shapes_by_name(abstract)
-    problems = [
-        f"{name} is {saved.get(name, 'missing')} in the checkpoint but {shape} in this model"
-        for name, shape in wanted.items()
-        if saved.get(name) != shape
-    ]
-    prefixes = {name.split("/")[0] for name in wanted}
-    extra = [name for name in saved.keys() - wanted.keys() if not partial or name.split("/")[0] in prefixes]
-    problems += [f"{name} is in the checkpoint but not in this model" for name in extra]
-    if problems:
-        raise UserInputError(
-            f"The checkpoint at step {step} in {manager.directory} does not fit the model of this config "
-            f"(trained with other model sizes, another vocabulary or optimizer?): {sorted(problems)[0]}; "
-            f"{len(problems)} arrays differ."
-        )
-
-
-def _shapes_by_name(tree: Any) -> dict[str, tuple[int, ...]]:
-    """{'params/encoder/layers_0/.../kernel': shape} of a pytree (arrays, structs or metadata)."""
-    return {name: tuple(leaf.shape) for name, leaf in zip(leaf_names(tree), jax.tree.leaves(tree))}
-
-
-def _some(names: list[str]) -> str:
-    """'a' or 'a (and 3 more arrays)'."""
-    return names[0] + (f" (and {len(names) - 1} more arrays)" if len(names) > 1 else "")
-
-
-def _one_line(error: BaseException) -> str:
-    """The innermost cause's first line: TensorStore's reason, not the long array spec wrapped around it."""
-    while error.__cause__ is not None:
-        error = error.__cause__
-    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
-    text = (lines[0] if lines else type(error).__name__).split(" [tensorstore_spec=")[0]
-    return text if len(text) <= 250 else text[:247] + "..."
-
-
-def _quiet_abandoned_reads() -> None:
-    """Drops the reports of reads abandoned by a failed restore; the restore's own error says what failed.
-
-    When one array fails to read, Orbax closes its asyncio loop while TensorStore completes the other
-    reads. Each then reports a long traceback outside the call that failed: through sys.unraisablehook
-    ("Event loop is closed", "Exception ignored in <coroutine ...>") and asyncio's logger ("exception was
-    never retrieved"), hundreds of lines for a small model. Reports of anything else pass on.
-    """
-    previous = sys.unraisablehook
-    if getattr(previous, "drops_abandoned_reads", False):
-        return
-
-    def hook(unraisable):
-        if not _is_abandoned_read(unraisable.exc_value):
-            previous(unraisable)
-
-    hook.drops_abandoned_reads = True
-    sys.unraisablehook = hook
-    logging_std.getLogger("asyncio").addFilter(
-        lambda record: not (record.exc_info and _is_abandoned_read(record.exc_info[1]))
-    )
-
-
-def _is_abandoned_read(error: BaseException | None) -> bool:
-    """Whether `error` is the aftermath of a failed Orbax read (raised in Orbax, or on its closed loop)."""
-    if isinstance(error, RuntimeError) and str(error) == "Event loop is closed":
-        return True
-    while error is not None:
-        frame = error.__traceback__
-        while frame is not None:
-            if f"{os.sep}orbax{os.sep}" in frame.tb_frame.f_code.co_filename:
-                return True
-            frame = frame.tb_next
-        error = error.__cause__ or error.__context__
-    return False
