@@ -15,7 +15,6 @@ from typing import Any
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
-from absl import logging
 from jax.experimental import multihost_utils
 
 from training.checkpoint_integrity import Summary, leaf_names
@@ -30,18 +29,21 @@ class DamagedCheckpointError(UserInputError):
         super().__init__(message or f"The checkpoint at step {step} in {directory} is damaged: {cause}")
 
 
-_unverifiable_warned: set[str] = set()  # Directories already warned about.
-
-
-def restore_params(manager: ocp.CheckpointManager, step: int, abstract_params: Any) -> Any:
-    """The 'params' of the 'state' item saved at `step` (nothing else of it is read)."""
-    return restore_verified(manager, step, {"params": abstract_params}, partial=True)["state"]["params"]
-
-
 def restore_verified(
     manager: ocp.CheckpointManager, step: int, abstract_state: Any, *, partial: bool = False, **other_items
-) -> dict:
+) -> tuple[dict, bool]:
     """Restores the 'state' item (and `other_items`) of `step`, and verifies what was read.
+
+    Args:
+        manager: the CheckpointManager holding the step.
+        step: the step.
+        abstract_state: the 'state' item's structure, shapes and shardings (jax.ShapeDtypeStructs).
+        partial: restore only the leaves of `abstract_state` (e.g. {'params': ...} of a TrainState).
+        **other_items: restore args of the step's other items (e.g. data=ocp.args.JsonRestore()).
+
+    Returns:
+        The restored items, and whether fingerprints were compared (False for a checkpoint saved
+        before they were recorded: then only finiteness is checked).
 
     Raises:
         UserInputError: the saved shapes do not fit `abstract_state` (checked on metadata, before any read).
@@ -87,21 +89,12 @@ def restore_verified(
     summary = Summary(restored["state"])
     if summary.nonfinite:
         raise damaged(f"it holds NaN or Inf in {some_names(summary.nonfinite)}")
-    if recorded is None:
-        if str(manager.directory) not in _unverifiable_warned:
-            _unverifiable_warned.add(str(manager.directory))
-            logging.warning(
-                "Checkpoints in %s (step %d) were saved without fingerprints (before this version): their "
-                "contents cannot be verified.",
-                manager.directory,
-                step,
-            )
-    elif mismatches := summary.mismatches(recorded):
+    if recorded is not None and (mismatches := summary.mismatches(recorded)):
         raise damaged(
             f"the contents of {some_names(mismatches)} differ from those saved (integrity check failed): "
             "its files were altered after the save"
         )
-    return restored
+    return restored, recorded is not None
 
 
 def _check_fit(manager: ocp.CheckpointManager, step: int, saved_tree: Any, abstract: Any, *, partial: bool) -> None:

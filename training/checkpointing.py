@@ -29,10 +29,9 @@ from absl import logging
 from jax.experimental import multihost_utils
 
 from input_pipeline.batching import IteratorState
-from training import checkpoint_restore
 from training.checkpoint_choice import CHECKPOINT_CHOICES, BestScore, Selection, mean_params, resolve_choice
 from training.checkpoint_integrity import Summary
-from training.checkpoint_restore import DamagedCheckpointError, one_line, some_names
+from training.checkpoint_restore import DamagedCheckpointError, one_line, restore_verified, some_names
 from training.errors import UserInputError
 from training.state import TrainState
 
@@ -79,6 +78,7 @@ class Checkpointer:
         self.directory = checkpoint_dir(workdir)
         self.damaged_directory = damaged_checkpoint_dir(workdir)
         self._read_only = read_only
+        self._warned_unverified = False
         self._manager = _manager(
             self.directory,
             keep=keep,
@@ -177,7 +177,7 @@ class Checkpointer:
             DamagedCheckpointError: the checkpoint cannot be restored as it was saved.
         """
         self._require_step(step)
-        restored = checkpoint_restore.restore_verified(self._manager, step, abstract_state, data=ocp.args.JsonRestore())
+        restored = self._read(self._manager, step, abstract_state, data=ocp.args.JsonRestore())
         return restored["state"], IteratorState(**restored["data"])
 
     def restore_latest(self, abstract_state: TrainState) -> tuple[TrainState, IteratorState] | None:
@@ -204,7 +204,7 @@ class Checkpointer:
             UserInputError, DamagedCheckpointError: as `restore`.
         """
         self._require_step(step)
-        return checkpoint_restore.restore_params(self._manager, step, abstract_params)
+        return self._read_params(self._manager, step, abstract_params)
 
     def select(self, choice: str) -> Selection:
         """Resolves a user's checkpoint choice, from metadata only (no array is read).
@@ -240,7 +240,7 @@ class Checkpointer:
             return params, Selection("step", (step,), f"step {step}")
         try:
             if selection.kind == "best":
-                return checkpoint_restore.restore_params(self._best_manager, selection.step, abstract_params), selection
+                return self._read_params(self._best_manager, selection.step, abstract_params), selection
             if selection.kind == "average":
                 return self.average_params(selection.steps, abstract_params), selection
             return self.restore_params(selection.step, abstract_params), selection
@@ -264,6 +264,23 @@ class Checkpointer:
     def close(self) -> None:
         self._manager.close()
         self._best_manager.close()
+
+    def _read(self, manager: ocp.CheckpointManager, step: int, abstract_state: Any, **options) -> dict:
+        """checkpoint_restore.restore_verified, with one warning per Checkpointer for unverifiable old steps."""
+        restored, verified = restore_verified(manager, step, abstract_state, **options)
+        if not verified and not self._warned_unverified:
+            self._warned_unverified = True
+            logging.warning(
+                "The checkpoint at step %d in %s was saved without fingerprints (by an earlier version): its "
+                "contents cannot be verified. Checkpoints saved from now on can.",
+                step,
+                manager.directory,
+            )
+        return restored
+
+    def _read_params(self, manager: ocp.CheckpointManager, step: int, abstract_params: Any) -> Any:
+        """The 'params' of the 'state' item saved at `step` (nothing else of it is read)."""
+        return self._read(manager, step, {"params": abstract_params}, partial=True)["state"]["params"]
 
     def _newest_intact(self, restore_step) -> tuple[int, Any] | None:
         """(step, restore_step(step)) for the newest step that restores; warns of each damaged one after it.
