@@ -9,6 +9,7 @@ with a one-line cause.
 
 import logging as logging_std
 import os
+import re
 import sys
 from typing import Any
 
@@ -137,6 +138,7 @@ def one_line(error: BaseException) -> str:
         error = error.__cause__
     lines = [line.strip() for line in str(error).splitlines() if line.strip()]
     text = (lines[0] if lines else type(error).__name__).split(" [tensorstore_spec=")[0]
+    text = re.sub(r' in OCDBT database at local file "[^"]*"', "", text)  # The step's folder, named already.
     return text if len(text) <= 250 else text[:247] + "..."
 
 

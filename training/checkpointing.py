@@ -245,12 +245,13 @@ class Checkpointer:
                 return self.average_params(selection.steps, abstract_params), selection
             return self.restore_params(selection.step, abstract_params), selection
         except DamagedCheckpointError as e:
-            others = ", ".join(str(step) for step in self.all_steps() if step != e.step) or "none"
+            others = [str(step) for step in self.all_steps() if step != e.step]
+            holds = f"step{'s' if len(others) > 1 else ''} {', '.join(others)}" if others else "no other step"
             raise DamagedCheckpointError(
                 e.directory,
                 e.step,
                 f"{e.cause}. Choose another checkpoint: 'latest' (the newest intact step) or a step "
-                f"(the workdir also holds steps {others}).",
+                f"(the workdir also holds {holds}).",
             ) from None
 
     def average_params(self, steps: tuple[int, ...], abstract_params: Any) -> Any:
