@@ -128,8 +128,9 @@ def _shapes_by_name(tree: Any) -> dict[str, tuple[int, ...]]:
 
 
 def some_names(names: list[str]) -> str:
-    """'a' or 'a (and 3 more arrays)'."""
-    return names[0] + (f" (and {len(names) - 1} more arrays)" if len(names) > 1 else "")
+    """'a', 'a (and 1 more array)' or 'a (and 3 more arrays)'."""
+    more = len(names) - 1
+    return names[0] + (f" (and {more} more array{'s' if more > 1 else ''})" if more else "")
 
 
 def one_line(error: BaseException) -> str:
