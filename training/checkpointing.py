@@ -1,34 +1,53 @@
-"""Orbax checkpoints: the train state by step, the best-BLEU parameters, and averages of parameters.
+"""Orbax checkpoints: the train state by step and the best-BLEU parameters, verified when read back.
 
 Layout under the workdir:
 
-  checkpoints/<step>/{state,data}       the last `keep` steps. 'state' is the TrainState pytree (params,
-                                        Adam moments, step, base RNG key); 'data' the iterator position (JSON).
-  best_checkpoint/<step>/{state,score}  the parameters ({'params': ...}) of the step with the highest
+  checkpoints/<step>/{state,data,integrity}  the last `keep` steps. 'state' is the TrainState pytree (params,
+                                        Adam moments, step, base RNG key); 'data' the iterator position (JSON);
+                                        'integrity' the fingerprint of every array (JSON, checkpoint_integrity).
+  best_checkpoint/<step>/{state,score,integrity}  the parameters ({'params': ...}) of the step with the highest
                                         validation BLEU so far and its {'step', 'valid_bleu'} (JSON); kept
                                         apart from the rotation above, which may already have deleted it.
   averaged/<N>_<step>/{state,steps}     on request: the mean of the parameters of the N checkpoints up to
                                         <step> ({'params': ...}) and the steps averaged (JSON).
+  damaged_checkpoints/<step>            a damaged step that training resumed past, moved out of the rotation.
 
-Saves to checkpoints/ and best_checkpoint/ are asynchronous. Evaluation restores parameters alone, chosen
-by `Checkpointer.select` from 'latest', 'best', 'average:N' or a step; a checkpoint that does not fit the
-model is reported by parameter name before any array is read.
+A state holding NaN or Inf is never written. Each step is verified when read back (checkpoint_restore:
+files there, shapes fit, arrays read, finite, fingerprints as recorded at the save). Resuming and 'latest'
+fall back past damaged steps, with one warning each; training moves them to damaged_checkpoints/. A
+damaged step named explicitly ('best', a step, a member of 'average:N') is one error. Which checkpoints a
+choice names, and averaging, are in checkpoint_choice. Saves are asynchronous.
 """
 
 import dataclasses
 import os
-import re
-from typing import Any, Literal
+from typing import Any
 
 import jax
-import numpy as np
 import orbax.checkpoint as ocp
+from absl import logging
+from jax.experimental import multihost_utils
 
 from input_pipeline.batching import IteratorState
+from training.checkpoint_choice import CHECKPOINT_CHOICES, BestScore, Selection, mean_params, resolve_choice
+from training.checkpoint_integrity import Summary
+from training.checkpoint_restore import DamagedCheckpointError, one_line, restore_verified, some_names
 from training.errors import UserInputError
 from training.state import TrainState
 
-CHECKPOINT_CHOICES = "'latest', 'best', 'average:N' (the mean of the last N checkpoints) or a step number"
+__all__ = [
+    "CHECKPOINT_CHOICES",
+    "BestScore",
+    "Checkpointer",
+    "DamagedCheckpointError",
+    "NonFiniteStateError",
+    "Selection",
+    "averaged_checkpoint_dir",
+    "best_checkpoint_dir",
+    "checkpoint_dir",
+    "damaged_checkpoint_dir",
+    "save_params",
+]
 
 
 def checkpoint_dir(workdir: str) -> str:
@@ -39,31 +58,17 @@ def best_checkpoint_dir(workdir: str) -> str:
     return os.path.join(os.path.abspath(workdir), "best_checkpoint")
 
 
+def damaged_checkpoint_dir(workdir: str) -> str:
+    return os.path.join(os.path.abspath(workdir), "damaged_checkpoints")
+
+
 def averaged_checkpoint_dir(workdir: str, steps: tuple[int, ...]) -> str:
     """<workdir>/averaged/<N>_<last step>: where the average of `steps` is saved."""
     return os.path.join(os.path.abspath(workdir), "averaged", f"{len(steps)}_{steps[-1]}")
 
 
-@dataclasses.dataclass(frozen=True)
-class BestScore:
-    """The step whose parameters have the highest validation BLEU so far."""
-
-    step: int
-    valid_bleu: float
-
-
-@dataclasses.dataclass(frozen=True)
-class Selection:
-    """The checkpoints a user's choice stands for (resolved from metadata; no array read yet)."""
-
-    kind: Literal["step", "best", "average"]
-    steps: tuple[int, ...]  # One step, or the steps to average (ascending).
-    description: str  # 'step 800', 'best (step 400, valid BLEU 17.20)', 'average of steps 400, 800'.
-
-    @property
-    def step(self) -> int:
-        """The step the parameters stand for (the last one of an average)."""
-        return self.steps[-1]
+class NonFiniteStateError(UserInputError):
+    """A state or score holding NaN or Inf was about to be saved; nothing was written."""
 
 
 class Checkpointer:
@@ -71,16 +76,23 @@ class Checkpointer:
 
     def __init__(self, workdir: str, *, keep: int = 5, read_only: bool = False):
         self.directory = checkpoint_dir(workdir)
-        self._manager = ocp.CheckpointManager(
+        self.damaged_directory = damaged_checkpoint_dir(workdir)
+        self._read_only = read_only
+        self._warned_unverified = False
+        self._manager = _manager(
             self.directory,
-            options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=not read_only, read_only=read_only),
-            item_handlers={"state": ocp.PyTreeCheckpointHandler(), "data": ocp.JsonCheckpointHandler()},
+            keep=keep,
+            read_only=read_only,
+            create=not read_only,
+            items={"data": ocp.JsonCheckpointHandler()},
         )
         # create=False: the folder appears with the first save, so a run without BLEU checks leaves none.
-        self._best_manager = ocp.CheckpointManager(
+        self._best_manager = _manager(
             best_checkpoint_dir(workdir),
-            options=ocp.CheckpointManagerOptions(max_to_keep=1, create=False, read_only=read_only),
-            item_handlers={"state": ocp.PyTreeCheckpointHandler(), "score": ocp.JsonCheckpointHandler()},
+            keep=1,
+            read_only=read_only,
+            create=False,
+            items={"score": ocp.JsonCheckpointHandler()},
         )
         # Read back, so a resumed run compares with the best of the steps before the restart.
         self._best = self._read_best_score()
@@ -95,15 +107,24 @@ class Checkpointer:
         """The step kept in best_checkpoint/ and its validation BLEU; None before any BLEU check."""
         return self._best
 
+    # --- Saving -------------------------------------------------------------------------------------------
+
     def save(self, state: TrainState, data_state: IteratorState) -> None:
-        """Starts an asynchronous save at state.step (a no-op if that step exists)."""
+        """Starts an asynchronous save at state.step (a no-op if that step exists).
+
+        Raises:
+            NonFiniteStateError: the state holds NaN or Inf (nothing is written).
+        """
         step = int(state.step)
         if step in self._manager.all_steps():
             return
+        summary = _finite_summary(state, f"Refusing to save step {step}: the train state holds")
         self._manager.save(
             step,
             args=ocp.args.Composite(
-                state=ocp.args.PyTreeSave(state), data=ocp.args.JsonSave(dataclasses.asdict(data_state))
+                state=ocp.args.PyTreeSave(state),
+                data=ocp.args.JsonSave(dataclasses.asdict(data_state)),
+                integrity=ocp.args.JsonSave(summary.record()),
             ),
         )
 
@@ -114,9 +135,16 @@ class Checkpointer:
 
         Returns:
             Whether `step` is the new best.
+
+        Raises:
+            NonFiniteStateError: the score or the parameters are NaN or Inf (nothing is written or deleted).
         """
+        if not _is_finite(valid_bleu):
+            raise NonFiniteStateError(f"Refusing to keep step {step} as the best: its validation BLEU is {valid_bleu}.")
         if self._best is not None and valid_bleu <= self._best.valid_bleu:
             return False
+        tree = {"params": params}
+        summary = _finite_summary(tree, f"Refusing to keep step {step} as the best: its parameters hold")
         # After a restart a step can be evaluated again. Where its BLEU differs (nondeterministic
         # accelerators, a changed eval config) a later or equal step may be on disk: Orbax neither
         # overwrites a step nor saves one older than its latest.
@@ -127,14 +155,17 @@ class Checkpointer:
         self._best_manager.save(
             step,
             args=ocp.args.Composite(
-                state=ocp.args.PyTreeSave({"params": params}),
+                state=ocp.args.PyTreeSave(tree),
                 score=ocp.args.JsonSave(dataclasses.asdict(self._best)),
+                integrity=ocp.args.JsonSave(summary.record()),
             ),
         )
         return True
 
+    # --- Restoring ----------------------------------------------------------------------------------------
+
     def restore(self, step: int, abstract_state: TrainState) -> tuple[TrainState, IteratorState]:
-        """Restores `step` into the structure, shapes and shardings of `abstract_state`.
+        """Restores `step` into the structure, shapes and shardings of `abstract_state`, verified.
 
         Args:
             step: the checkpoint's step.
@@ -143,11 +174,24 @@ class Checkpointer:
         Raises:
             UserInputError: the step does not exist, or the checkpoint does not fit
                 the model the config describes.
+            DamagedCheckpointError: the checkpoint cannot be restored as it was saved.
         """
         self._require_step(step)
-        _check_params_fit(self._manager, step, abstract_state.params)
-        restored = _restore(self._manager, step, abstract_state, data=ocp.args.JsonRestore())
+        restored = self._read(self._manager, step, abstract_state, data=ocp.args.JsonRestore())
         return restored["state"], IteratorState(**restored["data"])
+
+    def restore_latest(self, abstract_state: TrainState) -> tuple[TrainState, IteratorState] | None:
+        """The newest intact step's state, for resuming; None if there is no checkpoint.
+
+        Damaged steps after it are moved to damaged_checkpoints/ (so that the rotation and the no-op
+        save of an existing step do not count them), each with one warning saying why and where.
+
+        Raises:
+            UserInputError: the checkpoints do not fit the model.
+            DamagedCheckpointError: every step is damaged (then nothing is moved).
+        """
+        found = self._newest_intact(lambda step: self.restore(step, abstract_state))
+        return None if found is None else found[1]
 
     def restore_params(self, step: int, abstract_params: Any) -> Any:
         """Restores only the parameters saved at `step` (no optimizer state): for evaluation.
@@ -157,10 +201,10 @@ class Checkpointer:
             abstract_params: the parameter pytree as jax.ShapeDtypeStructs with shardings.
 
         Raises:
-            UserInputError: as `restore`.
+            UserInputError, DamagedCheckpointError: as `restore`.
         """
         self._require_step(step)
-        return _restore_params(self._manager, step, abstract_params)
+        return self._read_params(self._manager, step, abstract_params)
 
     def select(self, choice: str) -> Selection:
         """Resolves a user's checkpoint choice, from metadata only (no array is read).
@@ -171,47 +215,13 @@ class Checkpointer:
         Raises:
             UserInputError: the choice is malformed, or names checkpoints the workdir does not hold.
         """
-        text = choice.strip().lower()
-        steps = self.all_steps()
-        if text == "best":
-            if self._best is None:
-                raise UserInputError(
-                    f"No best checkpoint in {self._best_manager.directory}: it is kept during training when "
-                    "validation BLEU is computed, so train with config.eval.num_bleu_sentences > 0, or choose "
-                    f"{CHECKPOINT_CHOICES}."
-                )
-            best = self._best
-            return Selection("best", (best.step,), f"best (step {best.step}, valid BLEU {best.valid_bleu:.2f})")
-        if text == "latest" or re.fullmatch(r"[0-9]+", text):
-            if not steps:
-                raise UserInputError(f"No complete checkpoint in {self.directory}; train first.")
-            step = steps[-1] if text == "latest" else int(text)
-            self._require_step(step)
-            return Selection("step", (step,), f"step {step}")
-        if match := re.fullmatch(r"average:(\d+)", text):
-            num = int(match[1])
-            if num < 1:
-                raise UserInputError(f"Checkpoint {choice!r}: the number of checkpoints to average must be >= 1.")
-            if len(steps) < num:
-                raise UserInputError(
-                    f"Checkpoint {choice!r} averages the last {num} checkpoints, but {self.directory} holds "
-                    f"{len(steps)} (steps {', '.join(map(str, steps)) or 'none'}); choose a smaller N, or keep "
-                    "more checkpoints during training with config.keep_checkpoints."
-                )
-            chosen = tuple(steps[-num:])
-            return Selection("average", chosen, f"average of steps {', '.join(map(str, chosen))}")
-        raise UserInputError(f"Unknown checkpoint {choice!r}: choose {CHECKPOINT_CHOICES}.")
-
-    def restore_selection(self, selection: Selection, abstract_params: Any) -> Any:
-        """The parameters `selection` stands for, restored onto the shardings of `abstract_params`."""
-        if selection.kind == "best":
-            return _restore_params(self._best_manager, selection.step, abstract_params)
-        if selection.kind == "average":
-            return self.average_params(selection.steps, abstract_params)
-        return self.restore_params(selection.step, abstract_params)
+        return resolve_choice(choice, self.all_steps(), self._best, self.directory, self._best_manager.directory)
 
     def load_params(self, choice: str, abstract_params: Any) -> tuple[Any, Selection]:
         """The parameters of a user's checkpoint choice ('latest', 'best', 'average:N' or a step).
+
+        'latest' is the newest intact step: damaged later ones are skipped with a warning each (and left
+        where they are). A damaged checkpoint chosen by 'best', a step or an average is an error.
 
         Args:
             choice: as in `select`.
@@ -222,41 +232,31 @@ class Checkpointer:
 
         Raises:
             UserInputError: as `select`, or a checkpoint does not fit the model.
+            DamagedCheckpointError: every step is damaged ('latest'), or the chosen checkpoint is.
         """
         selection = self.select(choice)
-        return self.restore_selection(selection, abstract_params), selection
+        if selection.kind == "latest":
+            step, params = self._newest_intact(lambda step: self.restore_params(step, abstract_params))
+            return params, Selection("step", (step,), f"step {step}")
+        try:
+            if selection.kind == "best":
+                return self._read_params(self._best_manager, selection.step, abstract_params), selection
+            if selection.kind == "average":
+                return self.average_params(selection.steps, abstract_params), selection
+            return self.restore_params(selection.step, abstract_params), selection
+        except DamagedCheckpointError as e:
+            others = [str(step) for step in self.all_steps() if step != e.step]
+            holds = f"step{'s' if len(others) > 1 else ''} {', '.join(others)}" if others else "no other step"
+            raise DamagedCheckpointError(
+                e.directory,
+                e.step,
+                f"{e.cause}. Choose another checkpoint: 'latest' (the newest intact step) or a step "
+                f"(the workdir also holds {holds}).",
+            ) from None
 
     def average_params(self, steps: tuple[int, ...], abstract_params: Any) -> Any:
-        """The mean of the parameters saved at `steps`, leaf by leaf (fairseq's average_checkpoints).
-
-        Checkpoints are restored one at a time into a float32 running sum on the host, so memory
-        holds two copies of the parameters, not len(steps). The sum and the division are numpy's:
-        XLA turns division by a scalar into multiplication by its rounded reciprocal, an ulp off
-        the mean. The mean has the dtypes and shardings of `abstract_params`.
-        """
-        total = None
-        for step in steps:
-            params = jax.tree.map(lambda x: np.asarray(x, np.float32), self.restore_params(step, abstract_params))
-            total = params if total is None else jax.tree.map(np.add, total, params)
-        return jax.tree.map(
-            lambda x, like: jax.device_put((x / np.float32(len(steps))).astype(like.dtype), like.sharding),
-            total,
-            abstract_params,
-        )
-
-    def _read_best_score(self) -> BestScore | None:
-        step = self._best_manager.latest_step()
-        if step is None:
-            return None
-        score = self._best_manager.restore(step, args=ocp.args.Composite(score=ocp.args.JsonRestore()))["score"]
-        return BestScore(**score)
-
-    def _require_step(self, step: int) -> None:
-        if step not in self._manager.all_steps():
-            raise UserInputError(
-                f"No checkpoint for step {step} in {self.directory}; it has steps "
-                f"{', '.join(map(str, self.all_steps())) or 'none'}."
-            )
+        """The float32 mean of the parameters saved at `steps` (see checkpoint_choice.mean_params)."""
+        return mean_params((self.restore_params(step, abstract_params) for step in steps), abstract_params)
 
     def wait_until_finished(self) -> None:
         self._manager.wait_until_finished()
@@ -265,6 +265,92 @@ class Checkpointer:
     def close(self) -> None:
         self._manager.close()
         self._best_manager.close()
+
+    def _read(self, manager: ocp.CheckpointManager, step: int, abstract_state: Any, **options) -> dict:
+        """checkpoint_restore.restore_verified, with one warning per Checkpointer for unverifiable old steps."""
+        restored, verified = restore_verified(manager, step, abstract_state, **options)
+        if not verified and not self._warned_unverified:
+            self._warned_unverified = True
+            logging.warning(
+                "The checkpoint at step %d in %s was saved without fingerprints (by an earlier version): its "
+                "contents cannot be verified. Checkpoints saved from now on can.",
+                step,
+                manager.directory,
+            )
+        return restored
+
+    def _read_params(self, manager: ocp.CheckpointManager, step: int, abstract_params: Any) -> Any:
+        """The 'params' of the 'state' item saved at `step` (nothing else of it is read)."""
+        return self._read(manager, step, {"params": abstract_params}, partial=True)["state"]["params"]
+
+    def _newest_intact(self, restore_step) -> tuple[int, Any] | None:
+        """(step, restore_step(step)) for the newest step that restores; warns of each damaged one after it.
+
+        When writable, the damaged steps are moved out of the rotation once an intact one is found.
+        """
+        damaged: list[DamagedCheckpointError] = []
+        for step in reversed(self.all_steps()):
+            try:
+                restored = restore_step(step)
+            except DamagedCheckpointError as e:
+                damaged.append(e)
+                continue
+            for error in damaged:
+                if self._read_only:
+                    logging.warning("%s; skipped it, using step %d.", error, step)
+                else:
+                    moved = self._set_aside(error.step)
+                    logging.warning("%s; moved it to %s and resumed from step %d.", error, moved, step)
+            return step, restored
+        if not damaged:
+            return None
+        causes = "; ".join(f"step {e.step}: {e.cause}" for e in damaged)
+        advice = "" if self._read_only else f" Move {self.directory} away to train from step 0."
+        raise DamagedCheckpointError(
+            self.directory,
+            damaged[0].step,
+            causes,
+            f"No intact checkpoint in {self.directory}, nothing was changed: {causes}.{advice}",
+        )
+
+    def _set_aside(self, step: int) -> str:
+        """Moves the damaged `step` to damaged_checkpoints/ (never deleting it); returns where it went."""
+        target = os.path.join(self.damaged_directory, str(step))
+        suffix = 1
+        while os.path.exists(target):
+            target, suffix = os.path.join(self.damaged_directory, f"{step}.{suffix}"), suffix + 1
+        if jax.process_count() > 1:  # Every process has chosen `target` before process 0 moves the step.
+            multihost_utils.sync_global_devices(f"checkpointing: set step {step} aside")
+        if jax.process_index() == 0:
+            os.makedirs(self.damaged_directory, exist_ok=True)
+            os.rename(os.path.join(self.directory, str(step)), target)
+        if jax.process_count() > 1:
+            multihost_utils.sync_global_devices(f"checkpointing: step {step} was set aside")
+        self._manager.reload()
+        return target
+
+    def _read_best_score(self) -> BestScore | None:
+        step = self._best_manager.latest_step()
+        if step is None:
+            return None
+        try:
+            score = self._best_manager.restore(step, args=ocp.args.Composite(score=ocp.args.JsonRestore()))["score"]
+            return BestScore(**score)
+        except Exception as e:  # pylint: disable=broad-except  (any damage: the best is then unknown)
+            logging.warning(
+                "The best checkpoint (step %d) in %s is damaged: %s; it counts as no best.",
+                step,
+                self._best_manager.directory,
+                one_line(e),
+            )
+            return None
+
+    def _require_step(self, step: int) -> None:
+        if step not in self._manager.all_steps():
+            raise UserInputError(
+                f"No checkpoint for step {step} in {self.directory}; it has steps "
+                f"{', '.join(map(str, self.all_steps())) or 'none'}."
+            )
 
 
 def save_params(directory: str, params: Any, steps: tuple[int, ...]) -> None:
@@ -282,53 +368,28 @@ def save_params(directory: str, params: Any, steps: tuple[int, ...]) -> None:
     checkpointer.close()
 
 
-def _restore_params(manager: ocp.CheckpointManager, step: int, abstract_params: Any) -> Any:
-    """The 'params' of the 'state' item saved at `step` (nothing else of it is read)."""
-    _check_params_fit(manager, step, abstract_params)
-    return _restore(manager, step, {"params": abstract_params}, partial=True)["state"]["params"]
-
-
-def _check_params_fit(manager: ocp.CheckpointManager, step: int, abstract_params: Any) -> None:
-    """Raises UserInputError naming the first parameter the checkpoint lacks or shapes otherwise.
-
-    Checked on the saved metadata, before any array is read.
-    """
-    saved = _shapes_by_name(manager.item_metadata(step)["state"].tree["params"])
-    wanted = _shapes_by_name(abstract_params)
-    problems = [
-        f"{name} is {saved.get(name, 'missing')} in the checkpoint but {shape} in this model"
-        for name, shape in wanted.items()
-        if saved.get(name) != shape
-    ] + [f"{name} is in the checkpoint but not in this model" for name in saved.keys() - wanted.keys()]
-    if problems:
-        raise UserInputError(
-            f"The checkpoint at step {step} in {manager.directory} does not fit the model of this config "
-            f"(trained with other model sizes or another vocabulary?): parameter {sorted(problems)[0]}; "
-            f"{len(problems)} parameters differ."
-        )
-
-
-def _restore(
-    manager: ocp.CheckpointManager, step: int, abstract_state: Any, *, partial: bool = False, **other_items
-) -> dict:
-    state = ocp.args.PyTreeRestore(
-        item=abstract_state,
-        restore_args=ocp.checkpoint_utils.construct_restore_args(abstract_state),
-        partial_restore=partial,
+def _manager(directory: str, *, keep: int, read_only: bool, create: bool, items: dict) -> ocp.CheckpointManager:
+    options = ocp.CheckpointManagerOptions(
+        max_to_keep=None if read_only else keep,
+        create=create and not read_only,
+        read_only=read_only,
+        save_interval_steps=0 if read_only else 1,
     )
-    try:
-        return manager.restore(step, args=ocp.args.Composite(state=state, **other_items))
-    except (ValueError, KeyError, TypeError) as e:
-        raise UserInputError(
-            f"The checkpoint at step {step} in {manager.directory} does not fit the "
-            "model of this config (was it trained with other model sizes or "
-            f"another vocabulary?): {str(e).splitlines()[0][:300]}"
-        ) from None
+    handlers = {"state": ocp.PyTreeCheckpointHandler(), "integrity": ocp.JsonCheckpointHandler(), **items}
+    return ocp.CheckpointManager(directory, options=options, item_handlers=handlers)
 
 
-def _shapes_by_name(params: Any) -> dict[str, tuple[int, ...]]:
-    """{'encoder/layers_0/.../kernel': shape} of a parameter tree (arrays, structs or metadata)."""
-    return {
-        "/".join(str(getattr(key, "key", key)) for key in path): tuple(leaf.shape)
-        for path, leaf in jax.tree_util.tree_leaves_with_path(params)
-    }
+def _is_finite(value: float) -> bool:
+    return value == value and abs(value) != float("inf")
+
+
+def _finite_summary(tree: Any, refusal: str) -> Summary:
+    """`tree`'s Summary; if a leaf holds NaN or Inf, raises NonFiniteStateError: '<refusal> NaN or Inf in <leaf>...'."""
+    summary = Summary(tree)
+    if summary.nonfinite:
+        raise NonFiniteStateError(
+            f"{refusal} NaN or Inf in {some_names(summary.nonfinite)}. Nothing was written; the checkpoints "
+            "on disk are intact. The run diverged: lower the learning rate and rerun (it resumes from the last "
+            "checkpoint)."
+        )
+    return summary

@@ -68,11 +68,13 @@ def load_trained_model(config: ml_collections.ConfigDict, workdir: str, checkpoi
     Args:
         config: the run's config (its model and vocabulary must fit the checkpoint).
         workdir: the run's workdir.
-        checkpoint: 'latest', 'best', 'average:N' or a step (see `Checkpointer.select`).
+        checkpoint: 'latest', 'best', 'average:N' or a step (see `Checkpointer.select`). 'latest' is
+            the newest intact step: a damaged later one is skipped with one warning (and left in place).
 
     Raises:
         UserInputError: no checkpoint or tokenizer in the workdir, a bad checkpoint
             choice, or a checkpoint that does not fit the model.
+        DamagedCheckpointError: the chosen checkpoint is damaged, or with 'latest' every one is.
     """
     directory = checkpoint_dir(workdir)
     if not os.path.isdir(directory) or not os.listdir(directory):

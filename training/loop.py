@@ -114,9 +114,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
     tx, learning_rate_fn = make_optimizer(config.optimizer)
     shardings = state_shardings(config, model, tx, mesh)
     checkpointer = Checkpointer(workdir, keep=config.keep_checkpoints)
-    if (latest := checkpointer.latest_step()) is not None:
-        state, data_state = restore_checkpoint(checkpointer, latest, config, model, tx, mesh)
-        logging.info("Resumed from step %d (data position %s).", latest, data_state)
+    if (restored := restore_latest_checkpoint(checkpointer, config, model, tx, mesh)) is not None:
+        state, data_state = restored
+        logging.info("Resumed from step %d (data position %s).", int(state.step), data_state)
     else:
         state = initial_state(config, model, tx, shardings)
         data_state = batching.IteratorState()
@@ -215,8 +215,20 @@ def restore_checkpoint(
     The checkpoint may come from any mesh: Orbax reads each device's shards.
     `model`, `tx` and the config's seed give the state's structure, without computing it.
     """
+    return checkpointer.restore(step, _abstract_state(config, model, tx, mesh))
+
+
+def restore_latest_checkpoint(
+    checkpointer: Checkpointer, config: ml_collections.ConfigDict, model, tx, mesh: jax.sharding.Mesh
+) -> tuple[TrainState, batching.IteratorState] | None:
+    """As `restore_checkpoint`, for the newest intact step (damaged later ones are moved aside); None if none."""
+    return checkpointer.restore_latest(_abstract_state(config, model, tx, mesh))
+
+
+def _abstract_state(config: ml_collections.ConfigDict, model, tx, mesh: jax.sharding.Mesh) -> TrainState:
+    """The train state's structure as jax.ShapeDtypeStructs with shardings, without computing it."""
     like = jax.eval_shape(lambda: create_train_state(model, tx, config.seed))
-    return checkpointer.restore(step, sharding.with_shardings(like, state_shardings(config, model, tx, mesh)))
+    return sharding.with_shardings(like, state_shardings(config, model, tx, mesh))
 
 
 @contextlib.contextmanager

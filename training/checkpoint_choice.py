@@ -1,0 +1,103 @@
+"""Which parameters a user's checkpoint choice stands for ('latest', 'best', 'average:N', a step), and averaging.
+
+Pure functions over what a workdir holds (its steps, its best score); `Checkpointer` reads the arrays.
+"""
+
+import dataclasses
+import re
+from collections.abc import Iterable
+from typing import Any, Literal
+
+import jax
+import numpy as np
+
+from training.errors import UserInputError
+
+CHECKPOINT_CHOICES = "'latest', 'best', 'average:N' (the mean of the last N checkpoints) or a step number"
+
+
+@dataclasses.dataclass(frozen=True)
+class BestScore:
+    """The step whose parameters have the highest validation BLEU so far."""
+
+    step: int
+    valid_bleu: float
+
+
+@dataclasses.dataclass(frozen=True)
+class Selection:
+    """The checkpoints a user's choice stands for (resolved from metadata; no array read yet)."""
+
+    kind: Literal["latest", "step", "best", "average"]
+    steps: tuple[int, ...]  # One step, or the steps to average (ascending).
+    description: str  # 'step 800', 'best (step 400, valid BLEU 17.20)', 'average of steps 400, 800'.
+
+    @property
+    def step(self) -> int:
+        """The step the parameters stand for (the last one of an average)."""
+        return self.steps[-1]
+
+
+def resolve_choice(
+    choice: str, steps: list[int], best: BestScore | None, directory: str, best_directory: str
+) -> Selection:
+    """The checkpoints `choice` names among `steps` (ascending) of `directory` and the best one.
+
+    'latest' resolves to the last step; restoring falls back to earlier ones if it is damaged.
+
+    Raises:
+        UserInputError: the choice is malformed, or names checkpoints the workdir does not hold.
+    """
+    text = choice.strip().lower()
+    if text == "best":
+        if best is None:
+            raise UserInputError(
+                f"No best checkpoint in {best_directory}: it is kept during training when "
+                "validation BLEU is computed, so train with config.eval.num_bleu_sentences > 0, or choose "
+                f"{CHECKPOINT_CHOICES}."
+            )
+        return Selection("best", (best.step,), f"best (step {best.step}, valid BLEU {best.valid_bleu:.2f})")
+    if text == "latest" or re.fullmatch(r"[0-9]+", text):
+        if not steps:
+            raise UserInputError(f"No complete checkpoint in {directory}; train first.")
+        if text == "latest":
+            return Selection("latest", (steps[-1],), f"step {steps[-1]}")
+        step = int(text)
+        if step not in steps:
+            raise UserInputError(
+                f"No checkpoint for step {step} in {directory}; it has steps {', '.join(map(str, steps))}."
+            )
+        return Selection("step", (step,), f"step {step}")
+    if match := re.fullmatch(r"average:(\d+)", text):
+        num = int(match[1])
+        if num < 1:
+            raise UserInputError(f"Checkpoint {choice!r}: the number of checkpoints to average must be >= 1.")
+        if len(steps) < num:
+            raise UserInputError(
+                f"Checkpoint {choice!r} averages the last {num} checkpoints, but {directory} holds "
+                f"{len(steps)} (steps {', '.join(map(str, steps)) or 'none'}); choose a smaller N, or keep "
+                "more checkpoints during training with config.keep_checkpoints."
+            )
+        chosen = tuple(steps[-num:])
+        return Selection("average", chosen, f"average of steps {', '.join(map(str, chosen))}")
+    raise UserInputError(f"Unknown checkpoint {choice!r}: choose {CHECKPOINT_CHOICES}.")
+
+
+def mean_params(params_per_step: Iterable[Any], abstract_params: Any) -> Any:
+    """The mean of parameter pytrees, leaf by leaf (fairseq's average_checkpoints).
+
+    The trees are consumed one at a time into a float32 running sum on the host, so memory holds
+    two copies of the parameters, not one per step. The sum and the division are numpy's: XLA turns
+    division by a scalar into multiplication by its rounded reciprocal, an ulp off the mean. The mean
+    has the dtypes and shardings of `abstract_params`.
+    """
+    total, count = None, 0
+    for params in params_per_step:
+        params = jax.tree.map(lambda x: np.asarray(x, np.float32), params)
+        total = params if total is None else jax.tree.map(np.add, total, params)
+        count += 1
+    return jax.tree.map(
+        lambda x, like: jax.device_put((x / np.float32(count)).astype(like.dtype), like.sharding),
+        total,
+        abstract_params,
+    )
