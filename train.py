@@ -107,12 +107,10 @@ def main(argv):
         validate_config(config)
         _run(config)
     except Exception as e:  # pylint: disable=broad-except
-        if isinstance(e, UserInputError):
-            message = str(e)
-        elif (message := io_errors.describe(e, _WORKDIR.value)) is not None:
-            message += _intact_checkpoints(_WORKDIR.value)
-        else:
+        if (message := io_errors.user_error_message(e, _WORKDIR.value)) is None:
             raise
+        if not isinstance(e, UserInputError):  # A storage failure.
+            message += _intact_checkpoints(_WORKDIR.value)
         _exit_with_error(message)
 
 

@@ -119,9 +119,8 @@ def main(argv):
     try:
         translate(_WORKDIR.value)
     except Exception as e:  # pylint: disable=broad-except
-        if isinstance(e, UserInputError):
-            message = str(e)
-        elif (message := io_errors.describe(e, _OUTPUT.value or _ATTENTION_MAPS.value or ".")) is None:
+        folder = _OUTPUT.value or _ATTENTION_MAPS.value
+        if (message := io_errors.user_error_message(e, folder, elsewhere="write elsewhere")) is None:
             raise
         print(f"error: {message}", file=sys.stderr)
         sys.exit(2)

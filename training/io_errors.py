@@ -13,16 +13,18 @@ import errno
 import os
 import re
 
+from training.errors import UserInputError
+
 # The errors a user fixes by freeing space or choosing another folder, not bugs.
 STORAGE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EFBIG})
 
-_ADVICE = {
-    errno.ENOSPC: "free space on that disk or write elsewhere",
-    errno.EDQUOT: "free space within your quota or write elsewhere",
-    errno.EROFS: "the filesystem is read-only; write elsewhere",
-    errno.EACCES: "make it writable or write elsewhere",
-    errno.EPERM: "make it writable or write elsewhere",
-    errno.EFBIG: "a file reached the size limit (`ulimit -f`); raise it or write elsewhere",
+_ADVICE = {  # Followed by "or <elsewhere>".
+    errno.ENOSPC: "free space on that disk",
+    errno.EDQUOT: "free space within your quota",
+    errno.EROFS: "remount it read-write",
+    errno.EACCES: "make it writable",
+    errno.EPERM: "make it writable",
+    errno.EFBIG: "raise the file size limit (`ulimit -f`)",
 }
 # TensorStore (Orbax's array storage) reports OS errors in its message, not as OSError.
 _TENSORSTORE_ERRNO = re.compile(r"\[os_error_code='?(\d+)'?\]")
@@ -52,21 +54,35 @@ def storage_errno(exc: BaseException) -> tuple[int, str | None] | None:
     return None
 
 
-def describe(exc: BaseException, folder: str) -> str | None:
+def describe(exc: BaseException, folder: str | None, *, elsewhere: str = "choose another --workdir") -> str | None:
     """One line for a storage failure anywhere in the chain of `exc`; None if it is not one.
 
     Args:
         exc: what was raised.
-        folder: where the command writes, named when the error does not say which file failed.
+        folder: where the command writes, named when the error does not say which file failed
+            (None: its standard output).
+        elsewhere: how to write somewhere else.
 
     Returns:
         e.g. "cannot write /w/checkpoints/800.orbax-checkpoint-tmp/...: No space left on device (errno 28);
-        free space on that disk or write elsewhere".
+        free space on that disk or choose another --workdir".
     """
     found = storage_errno(exc)
     if found is None:
         return None
     number, path = found
     verb = "cannot access" if number in (errno.EACCES, errno.EPERM) else "cannot write"
-    where = path if path else f"in {os.path.abspath(folder)}"
-    return f"{verb} {where}: {os.strerror(number)} (errno {number}); {_ADVICE[number]}"
+    where = path or (f"in {os.path.abspath(folder)}" if folder else "the standard output")
+    return f"{verb} {where}: {os.strerror(number)} (errno {number}); {_ADVICE[number]} or {elsewhere}"
+
+
+def user_error_message(
+    exc: BaseException, folder: str | None, *, elsewhere: str = "choose another --workdir"
+) -> str | None:
+    """What an entry point prints after `error: ` for an error the user can act on; None for a bug.
+
+    A `UserInputError`'s message, or a storage failure as `describe` puts it.
+    """
+    if isinstance(exc, UserInputError):
+        return str(exc)
+    return describe(exc, folder, elsewhere=elsewhere)
