@@ -71,9 +71,7 @@ def entry_point_env() -> dict[str, str]:
     return dict(os.environ, JAX_PLATFORMS="cpu", CUDA_VISIBLE_DEVICES="", TF_CPP_MIN_LOG_LEVEL="2")
 
 
-def run_entry_point(
-    script: str, *args: str, stdin: str | bytes | None = None, preexec_fn=None
-) -> subprocess.CompletedProcess:
+def run_entry_point(script: str, *args: str, stdin: str | bytes | None = None) -> subprocess.CompletedProcess:
     """Runs `python <script> <args>` from the repository root as a user would, on the CPU, with a timeout.
 
     `stdin` bytes go in as they are; stdout and stderr come back as text either way, with universal
@@ -86,7 +84,6 @@ def run_entry_point(
         capture_output=True,
         env=entry_point_env(),
         timeout=600,
-        preexec_fn=preexec_fn,
     )
     result.stdout, result.stderr = (
         out.decode("utf-8", errors="replace").replace("\r\n", "\n").replace("\r", "\n")
