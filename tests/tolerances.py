@@ -57,3 +57,14 @@ def transformer_operations(config: TransformerConfig, source_length: int, target
         + config.d_model  # The output projection.
         + 2  # Embedding scale and positions.
     )
+
+
+def loss_rtol(config: TransformerConfig, length: int, tokens: int, steps: int = 1) -> float:
+    """Relative tolerance of a mean token loss computed two ways (devices, micro-batches, padding rows).
+
+    Each token's loss carries the model's path and a log-sum-exp over the
+    vocabulary; the mean adds `tokens` of them; after `steps` training steps, each
+    earlier update carried its own rounding of the same order into the parameters.
+    """
+    per_step = transformer_operations(config, length, length) + config.vocab_size + tokens
+    return rounding_tolerance(steps * per_step)
