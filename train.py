@@ -144,11 +144,8 @@ def _run(config) -> None:
     # One training run per workdir, checked before any data is prepared; evaluation may
     # run beside training. Process 0 holds the lock for all processes of the run.
     training = _MODE.value == "train"
-    with (
-        workdir.training_lock(_WORKDIR.value)
-        if training and distributed.is_main_process()
-        else contextlib.nullcontext()
-    ):
+    lock = workdir.training_lock(_WORKDIR.value) if training and distributed.is_main_process() else None
+    with lock or contextlib.nullcontext():
         # Our own code never uses TensorFlow's devices; keep it off any GPU.
         import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
