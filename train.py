@@ -10,6 +10,7 @@ all see, adding --coordinator_address=HOST0:PORT --num_processes=N --process_id=
 (or nothing under SLURM or Open MPI; --distributed=on on a Cloud TPU pod).
 """
 
+import contextlib
 import os
 import sys
 
@@ -18,7 +19,7 @@ from absl import app, flags, logging
 from ml_collections import config_flags
 
 from configs.validation import validate_config
-from training import distributed
+from training import distributed, io_errors, workdir
 from training.errors import TrainingStopped, UserInputError
 from training.logs import quiet_library_logs
 
@@ -106,40 +107,63 @@ def main(argv):
         validate_config(config)
         _run(config)
     except TrainingStopped as e:  # A stop signal or a diverged run: what could be saved is saved.
-        print(e, file=sys.stderr)
-        sys.exit(e.exit_status)
+        # Every process stops after the same step, so JAX's orderly shutdown waits for no one.
+        _exit(str(e), e.exit_status, others_may_wait=False)
     except KeyboardInterrupt:  # Ctrl-C outside the training steps (start-up, evaluation): nothing unsaved.
-        print("Interrupted by SIGINT; the checkpoints saved so far are intact.", file=sys.stderr)
+        _exit("Interrupted by SIGINT; the checkpoints saved so far are intact.", 130)
+    except Exception as e:  # pylint: disable=broad-except
+        if (message := io_errors.user_error_message(e, _WORKDIR.value)) is None:
+            raise
+        if not isinstance(e, UserInputError):  # A storage failure.
+            message += _intact_checkpoints(_WORKDIR.value)
+        _exit(f"error: {message}", 2)
+
+
+def _intact_checkpoints(workdir_path: str) -> str:
+    """'; checkpoints up to step N are intact', for a storage error during training."""
+    from training.checkpointing import checkpoint_dir  # pylint: disable=g-import-not-at-top
+
+    try:
+        import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
+
+        steps = ocp.path.step.checkpoint_steps(checkpoint_dir(workdir_path))
+    except OSError:
+        return ""
+    return f"; checkpoints up to step {max(steps)} are intact" if steps else ""
+
+
+def _exit(message: str, status: int, *, others_may_wait: bool = True) -> None:
+    """Prints `message` on stderr and exits with `status`."""
+    print(message, file=sys.stderr)
+    if others_may_wait and distributed.is_connected():
+        # The others may be waiting for this process in a collective. JAX's orderly
+        # shutdown at exit would wait for them in turn (minutes); leaving at once
+        # makes them stop with an error within the heartbeat timeout.
         sys.stderr.flush()
-        if distributed.is_connected():
-            os._exit(130)  # As below: the other processes may be waiting for this one.
-        sys.exit(130)
-    except UserInputError as e:
-        print(f"error: {e}", file=sys.stderr)
-        if distributed.is_connected():
-            # The others may be waiting for this process in a collective. JAX's orderly
-            # shutdown at exit would wait for them in turn (minutes); leaving at once
-            # makes them stop with an error within the heartbeat timeout.
-            sys.stderr.flush()
-            os._exit(2)
-        sys.exit(2)
+        os._exit(status)
+    sys.exit(status)
 
 
 def _run(config) -> None:
     if not distributed.is_main_process():
         logging.set_verbosity(logging.WARNING)  # One log for the run: process 0's.
-    # Our own code never uses TensorFlow's devices; keep it off any GPU.
-    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    # One training run per workdir, checked before any data is prepared; evaluation may
+    # run beside training. Process 0 holds the lock for all processes of the run.
+    training = _MODE.value == "train"
+    lock = workdir.training_lock(_WORKDIR.value) if training and distributed.is_main_process() else None
+    with lock or contextlib.nullcontext():
+        # Our own code never uses TensorFlow's devices; keep it off any GPU.
+        import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
-    tf.config.set_visible_devices([], "GPU")
-    logging.info("JAX devices: %s", jax.devices())
+        tf.config.set_visible_devices([], "GPU")
+        logging.info("JAX devices: %s", jax.devices())
 
-    from training import loop  # pylint: disable=g-import-not-at-top
+        from training import loop  # pylint: disable=g-import-not-at-top
 
-    if _MODE.value == "train":
-        loop.train_and_evaluate(config, _WORKDIR.value)
-    else:
-        loop.evaluate_checkpoint(config, _WORKDIR.value, _CHECKPOINT.value, save_average=_SAVE_AVERAGE.value)
+        if training:
+            loop.train_and_evaluate(config, _WORKDIR.value)
+        else:
+            loop.evaluate_checkpoint(config, _WORKDIR.value, _CHECKPOINT.value, save_average=_SAVE_AVERAGE.value)
 
 
 if __name__ == "__main__":

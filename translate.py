@@ -19,6 +19,7 @@ import sys
 from absl import app, flags, logging
 from ml_collections import config_flags
 
+from training import io_errors
 from training.errors import UserInputError
 from training.logs import quiet_library_logs
 
@@ -45,12 +46,15 @@ flags.mark_flags_as_required(["workdir"])
 
 
 def _read_lines() -> list[str]:
-    if _INPUT.value is None:
-        return sys.stdin.read().splitlines()
+    """The input lines, from --input or stdin alike: bytes decoded as strict UTF-8."""
+    from input_pipeline.parallel_text import decode_lines  # pylint: disable=g-import-not-at-top
+
     try:
-        with open(_INPUT.value, encoding="utf-8") as f:
-            return f.read().splitlines()
-    except (OSError, UnicodeDecodeError) as e:
+        if _INPUT.value is None:
+            return decode_lines(sys.stdin.buffer.read(), "stdin")
+        with open(_INPUT.value, "rb") as f:
+            return decode_lines(f.read(), f"--input={_INPUT.value}")
+    except OSError as e:
         raise UserInputError(f"Cannot read --input={_INPUT.value}: {e}") from None
 
 
@@ -114,8 +118,11 @@ def main(argv):
     quiet_library_logs()
     try:
         translate(_WORKDIR.value)
-    except UserInputError as e:
-        print(f"error: {e}", file=sys.stderr)
+    except Exception as e:  # pylint: disable=broad-except
+        folder = _OUTPUT.value or _ATTENTION_MAPS.value
+        if (message := io_errors.user_error_message(e, folder, elsewhere="write elsewhere")) is None:
+            raise
+        print(f"error: {message}", file=sys.stderr)
         sys.exit(2)
 
 

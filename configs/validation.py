@@ -1,11 +1,16 @@
 """Checks that a config can work before anything is built or written."""
 
+import os
+
 import jax
 import ml_collections
 import numpy as np
 
+from input_pipeline.batching import bucket_batch_sizes
+from models.decoding import decode_length, decoding_memory_bytes
 from training import sharding
 from training.errors import UserInputError
+from training.state import make_model
 
 _CHOICES = {
     "model.positional_encoding": ("sinusoidal", "learned"),
@@ -117,6 +122,7 @@ def validate_config(config: ml_collections.ConfigDict, num_devices: int | None =
             "empty; set --config.dataset.path to a folder of train/valid/test files."
         )
     _validate_mesh(config, jax.device_count() if num_devices is None else num_devices)
+    _validate_decoding_memory(config)
     if config.dataset.source_lang == config.dataset.target_lang:
         raise UserInputError(
             f"config.dataset.source_lang and target_lang are both {config.dataset.source_lang!r}; they must differ."
@@ -170,3 +176,56 @@ def _validate_mesh(config: ml_collections.ConfigDict, num_devices: int) -> None:
             "config.step_compilation='pmap' is data parallel only; set config.mesh.fsdp and config.mesh.tensor to 1 "
             "or use step_compilation='jit'."
         )
+
+
+def _device_memory() -> tuple[int, str]:
+    """(bytes one local device can hold, a description): the accelerator's limit, or on CPU
+    the host's available memory shared by its local devices."""
+    device = jax.local_devices()[0]
+    stats = device.memory_stats() or {}
+    if "bytes_limit" in stats:
+        return stats["bytes_limit"], f"the memory of {device.platform}:{device.id}"
+    available = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:  # Counts reclaimable caches, unlike SC_AVPHYS_PAGES.
+            available = next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
+    except (OSError, StopIteration, ValueError):
+        pass
+    devices = jax.local_device_count()
+    return available // devices, "the host's available memory" + (
+        f" per CPU device (of {devices})" if devices > 1 else ""
+    )
+
+
+def _validate_decoding_memory(config: ml_collections.ConfigDict) -> None:
+    """Evaluation's decoding of its largest batch fits in one device's memory (a lower bound, before allocating).
+
+    Every length bucket's batch carries about the same tokens, so shorter buckets decode more sentences at
+    once; a device decodes eval.per_device_batch_size * max_length / bucket sentences of each bucket.
+    """
+    model_config = make_model(config, config.tokenizer.vocab_size).config
+    beam_size = config.eval.beam_size if config.eval.temperature == 0 else 1
+    tokens = config.eval.per_device_batch_size * config.dataset.max_length
+    batch_sizes = bucket_batch_sizes(config.dataset.bucket_boundaries, tokens, 1)
+    needs = {
+        length: decoding_memory_bytes(
+            model_config,
+            batch_size=batch_size,
+            beam_size=beam_size,
+            source_length=length,
+            max_length=decode_length(length, config.eval.max_decode_length),
+        )
+        for length, batch_size in batch_sizes.items()
+    }
+    length = max(needs, key=needs.get)
+    available, where = _device_memory()
+    if needs[length] <= available:
+        return
+    per_beam = needs[length] / beam_size
+    fits = f"no beam size above {int(available // per_beam)} fits" if available >= 2 * per_beam else "no beam fits"
+    raise UserInputError(
+        f"config.eval.beam_size={beam_size}: decoding a batch of {batch_sizes[length]} sentences of {length} subwords "
+        f"needs at least {needs[length] / 1e9:,.1f} GB (keys and values of {beam_size} hypotheses each, and their "
+        f"logits over {config.tokenizer.vocab_size} subwords) but {where} is {available / 1e9:,.1f} GB: {fits}. "
+        "Lower the beam size or config.eval.per_device_batch_size."
+    )

@@ -37,17 +37,26 @@ def load_corpus(
     the same subwords.
 
     Raises:
-        UserInputError: bad dataset (see datasets.make_builder), or no tokenizer
-            in the workdir when one may not be trained.
+        UserInputError: bad dataset (see datasets.make_builder); no tokenizer
+            in the workdir when one may not be trained; a damaged tokenizer file;
+            or, when training, a workdir tokenizer other than config.tokenizer
+            describes (vocab_size, model_type).
     """
     dataset = config.dataset
     tokenizer_path = os.path.join(workdir, TOKENIZER_FILE)
-    have_tokenizer = os.path.exists(tokenizer_path)
-    if not have_tokenizer and not allow_training_tokenizer:
+    tokenizer = None
+    if os.path.exists(tokenizer_path):
+        # Read and checked before the dataset is prepared: a restart that cannot work writes nothing.
+        tokenizer = tokenizer_lib.load_tokenizer(tokenizer_path)
+        if allow_training_tokenizer:
+            tokenizer_lib.check_tokenizer_matches(
+                tokenizer, tokenizer_path, vocab_size=config.tokenizer.vocab_size, kind=config.tokenizer.model_type
+            )
+    elif not allow_training_tokenizer:
         raise UserInputError(
             f"{tokenizer_path} does not exist: {workdir} holds no trained run. Train first with the same --workdir."
         )
-    needed = splits if have_tokenizer else tuple(dict.fromkeys((dataset.train_split, *splits)))
+    needed = splits if tokenizer is not None else tuple(dict.fromkeys((dataset.train_split, *splits)))
     # Process 0 prepares the dataset and trains the tokenizer; the others then read both.
     with distributed.main_process_first("prepare_dataset"):
         builder = datasets.make_builder(dataset, workdir, required_splits=needed)
@@ -56,7 +65,8 @@ def load_corpus(
     }
     with distributed.main_process_first("train_tokenizer"):
         if os.path.exists(tokenizer_path):
-            tokenizer = tokenizer_lib.load_tokenizer(tokenizer_path)
+            if tokenizer is None:  # Trained by process 0 meanwhile.
+                tokenizer = tokenizer_lib.load_tokenizer(tokenizer_path)
         else:
             os.makedirs(workdir, exist_ok=True)  # Only now: bad data must leave no trace.
             train = text[dataset.train_split]

@@ -41,7 +41,20 @@ def read_lines(path: str) -> list[str]:
     """
     opener = gzip.open if path.endswith(".gz") else open
     with opener(path, "rb") as f:
-        raw_lines = f.read().split(b"\n")
+        return decode_lines(f.read(), path)
+
+
+def decode_lines(data: bytes, name: str) -> list[str]:
+    """The lines of UTF-8 text, split at '\\n' only (a trailing '\\r' is dropped).
+
+    Args:
+        data: the bytes.
+        name: what they were read from (a path, 'stdin'), for the error.
+
+    Raises:
+        UserInputError: if a line is not valid UTF-8, naming `name` and the line.
+    """
+    raw_lines = data.split(b"\n")
     if raw_lines and raw_lines[-1] == b"":
         raw_lines.pop()  # The newline that ends the last line.
     lines = []
@@ -50,8 +63,8 @@ def read_lines(path: str) -> list[str]:
             lines.append(raw.decode("utf-8").rstrip("\r"))
         except UnicodeDecodeError as e:
             raise UserInputError(
-                f"{path}, line {number}: bytes that are not UTF-8 ({e.reason} at "
-                f"byte {e.start}); convert the file, e.g. `iconv -f latin1 -t utf-8`."
+                f"{name}, line {number}: bytes that are not UTF-8 ({e.reason} at "
+                f"byte {e.start}); convert it, e.g. `iconv -f latin1 -t utf-8`."
             ) from None
     return lines
 

@@ -7,6 +7,7 @@ from collections.abc import Iterable
 
 import sentencepiece as spm
 from absl import logging
+from sentencepiece import sentencepiece_model_pb2
 
 from training.errors import UserInputError
 
@@ -61,4 +62,41 @@ def train_tokenizer(
 
 
 def load_tokenizer(model_path: str) -> spm.SentencePieceProcessor:
-    return spm.SentencePieceProcessor(model_file=model_path)
+    """The SentencePiece model in `model_path`.
+
+    Raises:
+        UserInputError: the file is missing, unreadable, empty or not a SentencePiece model.
+    """
+    try:
+        return spm.SentencePieceProcessor(model_file=model_path)
+    except (OSError, RuntimeError) as e:  # SentencePiece reports every failure as RuntimeError.
+        size = os.path.getsize(model_path) if os.path.isfile(model_path) else None
+        state = "is empty" if size == 0 else f"is not a SentencePiece model ({str(e).splitlines()[0]})"
+        raise UserInputError(
+            f"{model_path} {state}: the run's tokenizer is damaged. Restore it from a copy; the run's "
+            "checkpoints only work with the tokenizer they were trained with."
+        ) from None
+
+
+def model_type(tokenizer: spm.SentencePieceProcessor) -> str:
+    """The algorithm the tokenizer was trained with: 'unigram', 'bpe', 'word' or 'char'."""
+    proto = sentencepiece_model_pb2.ModelProto.FromString(tokenizer.serialized_model_proto())
+    return sentencepiece_model_pb2.TrainerSpec.ModelType.Name(proto.trainer_spec.model_type).lower()
+
+
+def check_tokenizer_matches(
+    tokenizer: spm.SentencePieceProcessor, model_path: str, *, vocab_size: int, kind: str
+) -> None:
+    """Checks that a workdir's trained tokenizer is the one config.tokenizer describes.
+
+    Raises:
+        UserInputError: naming the field, the tokenizer's value and the config's.
+    """
+    found = {"vocab_size": tokenizer.vocab_size(), "model_type": model_type(tokenizer)}
+    for field, wanted in (("vocab_size", vocab_size), ("model_type", kind)):
+        if found[field] != wanted:
+            raise UserInputError(
+                f"config.tokenizer.{field} is {wanted!r} but the workdir's tokenizer {model_path} was trained with "
+                f"{found[field]!r}: the run's checkpoints depend on it. Resume with "
+                f"--config.tokenizer.{field}={found[field]}, or train in a new --workdir."
+            )

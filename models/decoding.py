@@ -21,7 +21,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from models.transformer import DecoderCache, Transformer
+from models.transformer import DecoderCache, Transformer, TransformerConfig
 
 Array = jax.Array
 # (position [], tokens [rows, max_length + 1], state) -> (logits [rows, vocab] of the
@@ -428,3 +428,39 @@ def beam_search(
         pad_id=pad_id,
     )
     return (tokens, scores) if return_all else tokens[:, 0]
+
+
+# --------------------------------------------------------------------------- #
+# Memory.
+# --------------------------------------------------------------------------- #
+
+
+def decoding_memory_bytes(
+    config: TransformerConfig, *, batch_size: int, beam_size: int, source_length: int, max_length: int
+) -> int:
+    """A lower bound of the memory that decoding one batch holds at once, in bytes.
+
+    Counts only arrays that every step of the cached decoders keeps alive
+    together, for rows = batch_size * beam_size hypotheses:
+      - the self-attention keys and values of every decoder layer,
+        [rows, max_length, d_model] each in the compute dtype; twice with beam
+        search, whose reordering by beam (`_gather_beams`) writes a new copy
+        while the old one is read;
+      - the cross-attention keys and values, [rows, source_length, d_model]
+        each per layer (computed once, repeated for every beam);
+      - the next-token logits, [rows, vocab_size] float32.
+    Activations, parameters and XLA's temporaries come on top: decoding that
+    needs more than this cannot run.
+    """
+    rows = batch_size * beam_size
+    itemsize = jnp.dtype(config.dtype).itemsize
+    per_layer = rows * config.d_model * itemsize * 2  # Keys and values.
+    self_cache = per_layer * max_length * config.num_decoder_layers * (2 if beam_size > 1 else 1)
+    cross_cache = per_layer * source_length * config.num_decoder_layers
+    logits = rows * config.vocab_size * 4
+    return self_cache + cross_cache + logits
+
+
+def decode_length(source_length: int, max_decode_length: int) -> int:
+    """Output budget for sources padded to `source_length`: generous, bounded."""
+    return min(max_decode_length, 2 * source_length + 8)

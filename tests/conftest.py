@@ -66,15 +66,27 @@ def tiny_config(corpus_dir: str | None = None, **overrides):
     return config
 
 
-def run_entry_point(script: str, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
-    """Runs `python <script> <args>` from the repository root as a user would, on the CPU, with a timeout."""
-    env = dict(os.environ, JAX_PLATFORMS="cpu", CUDA_VISIBLE_DEVICES="", TF_CPP_MIN_LOG_LEVEL="2")
-    return subprocess.run(
+def entry_point_env() -> dict[str, str]:
+    """The environment the entry points run in, in tests: the CPU, quiet TensorFlow."""
+    return dict(os.environ, JAX_PLATFORMS="cpu", CUDA_VISIBLE_DEVICES="", TF_CPP_MIN_LOG_LEVEL="2")
+
+
+def run_entry_point(script: str, *args: str, stdin: str | bytes | None = None) -> subprocess.CompletedProcess:
+    """Runs `python <script> <args>` from the repository root as a user would, on the CPU, with a timeout.
+
+    `stdin` bytes go in as they are; stdout and stderr come back as text either way, with universal
+    newlines (tqdm's carriage returns end lines).
+    """
+    result = subprocess.run(
         [sys.executable, script, *args],
         cwd=REPO_ROOT,
-        input=stdin,
+        input=stdin.encode("utf-8") if isinstance(stdin, str) else stdin,
         capture_output=True,
-        text=True,
-        env=env,
+        env=entry_point_env(),
         timeout=600,
     )
+    result.stdout, result.stderr = (
+        out.decode("utf-8", errors="replace").replace("\r\n", "\n").replace("\r", "\n")
+        for out in (result.stdout, result.stderr)
+    )
+    return result

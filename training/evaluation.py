@@ -19,7 +19,7 @@ from input_pipeline import batching
 from input_pipeline.datasets import TextPairs
 from input_pipeline.tokenizer import BOS_ID, EOS_ID, PAD_ID
 from models import Transformer
-from models.decoding import beam_search, greedy_decode, sample_decode
+from models.decoding import beam_search, decode_length, greedy_decode, sample_decode
 from training import distributed
 from training.sharding import process_rows, shard_batch
 
@@ -93,11 +93,6 @@ def loss_metrics(setup: EvalSetup, params, pairs: batching.ParallelIds) -> dict[
         "perplexity": float(np.exp(min(loss, 50.0))),
         "accuracy": float(totals["correct"]) / tokens,
     }
-
-
-def decode_length(source_length: int, max_decode_length: int) -> int:
-    """Output budget for sources padded to `source_length`: generous, bounded."""
-    return min(max_decode_length, 2 * source_length + 8)
 
 
 def translate_ids(setup: EvalSetup, params, sources: batching.RaggedIds) -> list[list[int]]:

@@ -106,8 +106,6 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
     dataset = config.dataset
     splits = tuple(dict.fromkeys((dataset.train_split, dataset.valid_split, config.eval.split)))
     corpus = load_corpus(config, workdir, splits, allow_training_tokenizer=True)
-    if jax.process_index() == 0:
-        save_config(config, workdir)  # For translate.py and evaluation without the config file.
     mesh = sharding.make_mesh(config.mesh)
     logging.info("Mesh %s, %s step.", dict(mesh.shape), config.step_compilation)
     model = make_model(config, corpus.tokenizer.vocab_size())
@@ -120,6 +118,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
     else:
         state = initial_state(config, model, tx, shardings)
         data_state = batching.IteratorState()
+    # Only once the tokenizer and the checkpoint have been found to fit: a rejected restart
+    # leaves the config.json that translate.py reads as it was.
+    if jax.process_index() == 0:
+        save_config(config, workdir)  # For translate.py and evaluation without the config file.
 
     train_batches = batching.TrainBatches(
         corpus.ids[dataset.train_split],

@@ -1,0 +1,304 @@
+"""Errors a user can act on are one `error:` line, and nothing written before is lost.
+
+Storage failures (disk full, read-only workdir, file size limit), a resume that
+cannot work, a damaged tokenizer, input that is not UTF-8, and a beam too large
+for memory. The CLI cases run the real entry points on a tiny trained run.
+"""
+
+import dataclasses
+import errno
+import hashlib
+import os
+import shutil
+import subprocess
+
+import jax
+import jax.numpy as jnp
+import pytest
+from conftest import TINY_MODEL, run_entry_point, tiny_config
+from test_bad_input import assert_clean_failure, snapshot
+
+from configs.validation import validate_config
+from input_pipeline import tokenizer as tokenizer_lib
+from input_pipeline.parallel_text import decode_lines
+from models import Transformer
+from models.decoding import decoding_memory_bytes
+from training import io_errors
+from training.errors import UserInputError
+from training.state import init_params
+
+# The message Orbax raised (from TensorStore) when a checkpoint save filled a tmpfs, as it was.
+ORBAX_DISK_FULL = (
+    'RESOURCE_EXHAUSTED: Error writing "a/0" in OCDBT database at local file "/w/checkpoints/2.orbax-checkpoint-tmp/'
+    'state.orbax-checkpoint-tmp/ocdbt.process_0/": Failed writing: "/w/checkpoints/2.orbax-checkpoint-tmp/'
+    'state.orbax-checkpoint-tmp/ocdbt.process_0/d/6e68": Failed to write 2726240 bytes to file 7: '
+    "No space left on device [os_error_code='28']"
+)
+
+
+# --- Storage failures, function level ---------------------------------------------------------------------
+
+
+def test_storage_errors_name_path_and_cause():
+    full = OSError(errno.ENOSPC, "No space left on device", "/w/config.json")
+    assert io_errors.describe(full, "/w") == (
+        "cannot write /w/config.json: No space left on device (errno 28); free space on that disk or choose "
+        "another --workdir"
+    )
+    read_only = OSError(errno.EROFS, "Read-only file system", "/w/train.lock")
+    assert "cannot write /w/train.lock: Read-only file system (errno 30); remount it read-write" in (
+        io_errors.describe(read_only, "/w")
+    )
+    orbax = ValueError(ORBAX_DISK_FULL)
+    assert io_errors.describe(orbax, "/w").startswith(
+        "cannot write /w/checkpoints/2.orbax-checkpoint-tmp/state.orbax-checkpoint-tmp/ocdbt.process_0/d/6e68: "
+        "No space left on device (errno 28)"
+    )
+    # Python's buffered writes do not know their file: the folder is named instead.
+    too_large = OSError(errno.EFBIG, "File too large")
+    assert io_errors.describe(too_large, "runs/x", elsewhere="write elsewhere").endswith(
+        f"in {os.path.abspath('runs/x')}: File too large (errno 27); raise the file size limit (`ulimit -f`) or "
+        "write elsewhere"
+    )
+
+
+def test_storage_errors_are_found_when_wrapped():
+    try:
+        try:
+            raise OSError(errno.EDQUOT, "Disk quota exceeded", "/w/tfds/x")
+        except OSError as e:
+            raise RuntimeError("Failed to prepare the dataset") from e
+    except RuntimeError as e:
+        wrapped = e
+    assert io_errors.storage_errno(wrapped) == (errno.EDQUOT, "/w/tfds/x")
+    try:
+        try:
+            raise ValueError(ORBAX_DISK_FULL)
+        except ValueError:
+            raise KeyError("cleanup failed")  # An error while handling it: the context holds the cause.
+    except KeyError as e:
+        assert io_errors.storage_errno(e)[0] == errno.ENOSPC
+
+
+def test_other_errors_stay_bugs():
+    for error in (
+        OSError(errno.ENOENT, "No such file or directory", "/x"),
+        ValueError("shapes do not match"),
+        ValueError("Failed writing [os_error_code='4']"),  # EINTR: not the user's to fix.
+    ):
+        assert io_errors.user_error_message(error, "/w") is None
+    assert io_errors.user_error_message(UserInputError("bad"), "/w") == "bad"
+
+
+# --- Tokenizer and input, function level ------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tokenizer_path(small_corpus, tmp_path_factory):
+    path = str(tmp_path_factory.mktemp("tokenizer") / "tokenizer.model")
+    with open(os.path.join(small_corpus, "train.en"), encoding="utf-8") as f:
+        tokenizer_lib.train_tokenizer(f.read().splitlines(), path, vocab_size=300)
+    return path
+
+
+def test_damaged_tokenizer_is_one_line(tmp_path, tokenizer_path):
+    empty, garbage = tmp_path / "empty.model", tmp_path / "garbage.model"
+    empty.write_bytes(b"")
+    garbage.write_bytes(b"\x0a\xff" + hashlib.sha256(b"x").digest() * 8)
+    with pytest.raises(UserInputError, match=rf"^{empty} is empty: the run's tokenizer is damaged\. Restore it"):
+        tokenizer_lib.load_tokenizer(str(empty))
+    with pytest.raises(UserInputError, match=rf"^{garbage} is not a SentencePiece model \("):
+        tokenizer_lib.load_tokenizer(str(garbage))
+    assert tokenizer_lib.load_tokenizer(tokenizer_path).vocab_size() == 300
+
+
+def test_tokenizer_must_match_the_config(tokenizer_path):
+    tokenizer = tokenizer_lib.load_tokenizer(tokenizer_path)
+    assert tokenizer_lib.model_type(tokenizer) == "unigram"
+    tokenizer_lib.check_tokenizer_matches(tokenizer, tokenizer_path, vocab_size=300, kind="unigram")
+    with pytest.raises(
+        UserInputError, match=r"vocab_size is 400 but .* trained with 300: .*--config\.tokenizer\.vocab_size=300,"
+    ):
+        tokenizer_lib.check_tokenizer_matches(tokenizer, tokenizer_path, vocab_size=400, kind="unigram")
+    with pytest.raises(UserInputError, match=r"model_type is 'bpe' but .* trained with 'unigram'"):
+        tokenizer_lib.check_tokenizer_matches(tokenizer, tokenizer_path, vocab_size=300, kind="bpe")
+
+
+def test_decode_lines_names_the_line():
+    assert decode_lines(b"a\r\nb\n\nc", "x") == ["a", "b", "", "c"]
+    assert decode_lines("caf\u00e9 \u2028 ok\n".encode(), "x") == ["caf\u00e9 \u2028 ok"]  # One line, as written.
+    with pytest.raises(
+        UserInputError, match=r"^stdin, line 3: bytes that are not UTF-8 \(invalid start byte at byte 1\)"
+    ):
+        decode_lines(b"ok\n\na\xff\n", "stdin")
+
+
+# --- Beam size against memory -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_decoding_memory_counts_the_cache_and_logits(dtype):
+    """The estimate's cache terms are exactly the bytes of the cache the model builds."""
+    config = dataclasses.replace(TINY_MODEL, dtype=dtype)
+    model = Transformer(config)
+    batch, beam, source_length, max_length = 3, 4, 5, 7
+    rows = batch * beam
+    encoded = jax.ShapeDtypeStruct((rows, source_length, TINY_MODEL.d_model), jnp.float32)
+    params = jax.eval_shape(lambda: init_params(model, jax.random.PRNGKey(0)))
+    cache = jax.eval_shape(
+        lambda p, e: model.apply({"params": p}, e, max_length, method=Transformer.init_cache), params, encoded
+    )
+    nbytes = {"self": 0, "cross": 0}
+    for path, leaf in jax.tree_util.tree_leaves_with_path(cache):
+        nbytes[str(path[-1].key).split("_")[0]] += leaf.size * leaf.dtype.itemsize
+    logits = rows * TINY_MODEL.vocab_size * 4
+    kwargs = dict(batch_size=batch, source_length=source_length, max_length=max_length)
+    assert decoding_memory_bytes(config, beam_size=beam, **kwargs) == 2 * nbytes["self"] + nbytes["cross"] + logits
+    greedy = decoding_memory_bytes(config, beam_size=1, **kwargs)
+    assert greedy == (nbytes["self"] + nbytes["cross"] + logits) // beam
+
+
+def test_beam_too_large_for_memory_names_the_limit():
+    validate_config(tiny_config(**{"eval.beam_size": 4}))
+    with pytest.raises(UserInputError) as error:
+        # 10^9 hypotheses of 300 float32 logits alone: 1.2 TB per sentence.
+        validate_config(tiny_config(**{"eval.beam_size": 10**9}))
+    message = str(error.value)
+    assert message.startswith("config.eval.beam_size=1000000000: decoding a batch of 32 sentences of 16 subwords")
+    assert "GB: no beam size above" in message or "GB: no beam fits" in message, message
+
+
+# --- The command line, on a tiny trained run --------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def trained_run(small_corpus, tmp_path_factory):
+    """A tiny run trained for 3 steps (one checkpoint, step 3) through the CLI."""
+    workdir = str(tmp_path_factory.mktemp("user_errors") / "run")
+    trained = run_train(workdir, small_corpus, "--config.num_train_steps=3")
+    assert trained.returncode == 0, trained.stderr[-3000:]
+    return workdir
+
+
+def run_train(workdir: str, corpus: str, *args: str) -> subprocess.CompletedProcess:
+    return run_entry_point(
+        "train.py",
+        "--config=configs/tiny.py",
+        f"--workdir={workdir}",
+        f"--config.dataset.path={corpus}",
+        *args,
+    )
+
+
+def assert_translates(workdir: str) -> None:
+    result = run_entry_point("translate.py", f"--workdir={workdir}", stdin="Click OK.\n")
+    assert result.returncode == 0 and len(result.stdout.splitlines()) == 1, result.stderr[-3000:]
+
+
+@pytest.mark.slow
+def test_rejected_resume_writes_nothing(trained_run, small_corpus):
+    cases = [
+        ("--config.model.d_model=64", ["does not fit the model", "is (32,) in the checkpoint but (64,)"]),
+        ("--config.tokenizer.vocab_size=400", ["config.tokenizer.vocab_size is 400", "trained with 300"]),
+        ("--config.tokenizer.model_type=bpe", ["config.tokenizer.model_type is 'bpe'", "trained with 'unigram'"]),
+    ]
+    for override, names in cases:
+        before = snapshot(trained_run)
+        result = run_train(trained_run, small_corpus, "--config.num_train_steps=6", override)
+        assert_clean_failure(result, *names)
+        assert snapshot(trained_run) == before, override  # config.json included.
+    assert_translates(trained_run)
+
+
+@pytest.mark.slow
+def test_translate_and_evaluation_report_bad_input_in_one_line(trained_run, small_corpus, tmp_path):
+    bad = tmp_path / "bad.en"
+    bad.write_bytes(b"Click OK.\na\xff\n")
+    for args, stdin, names in [
+        ([], b"a\xff\n", ["stdin, line 1: bytes that are not UTF-8", "iconv"]),
+        ([f"--input={bad}"], None, [f"--input={bad}, line 2: bytes that are not UTF-8"]),
+        (["--beam_size=1000000000"], b"Click OK.\n", ["config.eval.beam_size=1000000000", "GB: no beam"]),
+    ]:
+        result = run_entry_point("translate.py", f"--workdir={trained_run}", *args, stdin=stdin)
+        assert_clean_failure(result, *names)
+        assert result.returncode == 2 and result.stdout == ""
+
+    damaged = str(tmp_path / "damaged")
+    shutil.copytree(trained_run, damaged)
+    tokenizer_path = os.path.join(damaged, "tokenizer.model")
+    with open(tokenizer_path, "wb"):
+        pass  # Empty.
+    result = run_entry_point("translate.py", f"--workdir={damaged}", stdin="Click OK.\n")
+    assert_clean_failure(result, f"{tokenizer_path} is empty", "Restore it")
+    with open(tokenizer_path, "wb") as f:
+        f.write(b"\x0a\xff" + bytes(range(256)))
+    for mode in ("train", "eval"):
+        result = run_train(damaged, small_corpus, f"--mode={mode}")
+        assert_clean_failure(result, f"{tokenizer_path} is not a SentencePiece model")
+
+
+# `python -c` this, LIMIT, script, args: runs the script with writes past LIMIT bytes in one file failing
+# with EFBIG (Python ignores SIGXFSZ), as a full disk fails them with ENOSPC.
+_WITH_FILE_SIZE_LIMIT = (
+    "import resource, runpy, sys; "
+    "resource.setrlimit(resource.RLIMIT_FSIZE, (int(sys.argv[1]), resource.RLIM_INFINITY)); "
+    "sys.argv = sys.argv[2:]; runpy.run_path(sys.argv[0], run_name='__main__')"
+)
+
+
+@pytest.mark.slow
+def test_a_failed_checkpoint_save_is_one_line_and_keeps_earlier_checkpoints(trained_run, small_corpus, tmp_path):
+    """A file size limit makes Orbax's asynchronous save fail in its background threads, as a full disk would."""
+    workdir = str(tmp_path / "run")
+    shutil.copytree(trained_run, workdir)
+    step_3 = snapshot(os.path.join(workdir, "checkpoints", "3"))
+    # 100 kB: the config and event files fit; a checkpoint's array file (~500 kB) does not.
+    args = ("--config=configs/tiny.py", f"--workdir={workdir}", f"--config.dataset.path={small_corpus}")
+    result = run_entry_point("-c", _WITH_FILE_SIZE_LIMIT, "100000", "train.py", *args, "--config.num_train_steps=6")
+    assert_clean_failure(
+        result,
+        f"cannot write {workdir}/",
+        "File too large (errno 27); raise the file size limit (`ulimit -f`) or choose another --workdir",
+        "checkpoints up to step 3 are intact",
+    )
+    assert snapshot(os.path.join(workdir, "checkpoints", "3")) == step_3
+    resumed = run_train(workdir, small_corpus, "--config.num_train_steps=6")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "Resumed from step 3" in resumed.stderr
+    assert sorted(os.listdir(os.path.join(workdir, "checkpoints"))) == ["3", "6"]
+
+
+@pytest.fixture
+def tmpfs(tmp_path):
+    """A 20 MB tmpfs (needs CAP_SYS_ADMIN, e.g. root outside a container that forbids mounts)."""
+    folder = tmp_path / "tmpfs"
+    folder.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=20m", "tmpfs", str(folder)], capture_output=True)
+    if mounted.returncode:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.decode().strip()}")
+    yield str(folder)
+    subprocess.run(["umount", str(folder)], check=True)
+
+
+@pytest.mark.slow
+def test_full_disk_and_read_only_workdir(trained_run, small_corpus, tmpfs):
+    workdir = os.path.join(tmpfs, "run")
+    shutil.copytree(trained_run, workdir)
+    step_3 = snapshot(os.path.join(workdir, "checkpoints", "3"))
+    stats = os.statvfs(tmpfs)
+    used_kb = (stats.f_blocks - stats.f_bfree) * stats.f_frsize // 1024
+    # Room for the config and event files, not for another checkpoint (~700 kB with the best one).
+    subprocess.run(["mount", "-o", f"remount,size={used_kb + 300}k", tmpfs], check=True)
+    result = run_train(workdir, small_corpus, "--config.num_train_steps=6")
+    assert_clean_failure(
+        result,
+        f"cannot write {workdir}/",
+        "No space left on device (errno 28); free space on that disk or choose another --workdir",
+        "checkpoints up to step 3 are intact",
+    )
+    assert snapshot(os.path.join(workdir, "checkpoints", "3")) == step_3
+
+    subprocess.run(["mount", "-o", "remount,ro", tmpfs], check=True)
+    result = run_train(workdir, small_corpus, "--config.num_train_steps=6")
+    assert_clean_failure(result, f"cannot write {workdir}/train.lock: Read-only file system (errno 30)")
+    assert_translates(workdir)  # Reading needs no writes.

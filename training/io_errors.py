@@ -1,0 +1,88 @@
+"""Storage failures a user can act on (disk full, read-only folder, quota, file size limit) as one line.
+
+They surface from many depths: Python's own writes (config, tokenizer, evaluation
+files), TFDS, TensorBoard writers, and Orbax, whose asynchronous saves fail in a
+background thread and are raised later, from the next save or the final wait, as
+a TensorStore `ValueError` whose text carries the OS error code
+(`... Failed writing: "<path>": ... No space left on device [os_error_code='28']`).
+`describe` finds the OS error in an exception, its causes and its contexts, and
+names the path and the cause.
+"""
+
+import errno
+import os
+import re
+
+from training.errors import UserInputError
+
+# The errors a user fixes by freeing space or choosing another folder, not bugs.
+STORAGE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EFBIG})
+
+_ADVICE = {  # Followed by "or <elsewhere>".
+    errno.ENOSPC: "free space on that disk",
+    errno.EDQUOT: "free space within your quota",
+    errno.EROFS: "remount it read-write",
+    errno.EACCES: "make it writable",
+    errno.EPERM: "make it writable",
+    errno.EFBIG: "raise the file size limit (`ulimit -f`)",
+}
+# TensorStore (Orbax's array storage) reports OS errors in its message, not as OSError.
+_TENSORSTORE_ERRNO = re.compile(r"\[os_error_code='?(\d+)'?\]")
+_TENSORSTORE_PATH = re.compile(
+    r'(?:Failed writing|Error opening|Failed to open|Error writing[^"]*local file): "([^"]+)"'
+)
+
+
+def _chain(exc: BaseException):
+    """`exc`, then its causes and contexts, each once."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        yield exc
+        exc = exc.__cause__ or exc.__context__
+
+
+def storage_errno(exc: BaseException) -> tuple[int, str | None] | None:
+    """(errno, path or None) of the first storage failure in the exception chain, if there is one."""
+    for link in _chain(exc):
+        if isinstance(link, OSError) and link.errno in STORAGE_ERRNOS:
+            return link.errno, link.filename
+        match = _TENSORSTORE_ERRNO.search(str(link))
+        if match and int(match[1]) in STORAGE_ERRNOS:
+            path = _TENSORSTORE_PATH.search(str(link))
+            return int(match[1]), path[1] if path else None
+    return None
+
+
+def describe(exc: BaseException, folder: str | None, *, elsewhere: str = "choose another --workdir") -> str | None:
+    """One line for a storage failure anywhere in the chain of `exc`; None if it is not one.
+
+    Args:
+        exc: what was raised.
+        folder: where the command writes, named when the error does not say which file failed
+            (None: its standard output).
+        elsewhere: how to write somewhere else.
+
+    Returns:
+        e.g. "cannot write /w/checkpoints/800.orbax-checkpoint-tmp/...: No space left on device (errno 28);
+        free space on that disk or choose another --workdir".
+    """
+    found = storage_errno(exc)
+    if found is None:
+        return None
+    number, path = found
+    verb = "cannot access" if number in (errno.EACCES, errno.EPERM) else "cannot write"
+    where = path or (f"in {os.path.abspath(folder)}" if folder else "the standard output")
+    return f"{verb} {where}: {os.strerror(number)} (errno {number}); {_ADVICE[number]} or {elsewhere}"
+
+
+def user_error_message(
+    exc: BaseException, folder: str | None, *, elsewhere: str = "choose another --workdir"
+) -> str | None:
+    """What an entry point prints after `error: ` for an error the user can act on; None for a bug.
+
+    A `UserInputError`'s message, or a storage failure as `describe` puts it.
+    """
+    if isinstance(exc, UserInputError):
+        return str(exc)
+    return describe(exc, folder, elsewhere=elsewhere)
