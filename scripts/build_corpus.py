@@ -831,9 +831,10 @@ python scripts/build_corpus.py --en-deb {en.filename} --de-deb <the German packa
 3. Each distinct sentence is kept once. A sentence that appears on pages of two labels, or also on a
    shared page, is dropped as ambiguous ({stats.get('ambiguous', 0):,} sentences; e.g. "Click OK."), as are
    {stats.get('shared', 0):,} sentences found on shared pages only. Kept: {stats['kept']:,}.
-4. Split by the sentence: `int(sha256(utf8(sentence))) % {HASH_MODULUS}` in [{VALID_BUCKETS.start}, {VALID_BUCKETS.stop}) → valid,
-   [{TEST_BUCKETS.start}, {TEST_BUCKETS.stop}) → test, otherwise train: the rule of the English-German corpus, so no
-   sentence is in two splits, and no test sentence here is a training sentence there. Within a split,
+4. Split by the sentence: `int(sha256(utf8(sentence))) % {HASH_MODULUS}` in
+   [{VALID_BUCKETS.start}, {VALID_BUCKETS.stop}) → valid, [{TEST_BUCKETS.start}, {TEST_BUCKETS.stop}) → test,
+   otherwise train: the rule of the English-German corpus, so no sentence is in two splits, and no test sentence here is a
+   training sentence there. Within a split,
    sentences keep document order (pages sorted by path); training shuffles them.
 
 Caveats: help sentences are short and repetitive; near-duplicates (differing in a word, e.g. a function
@@ -876,7 +877,10 @@ def write_topics_output(
 
 
 def run(en_deb: str, de_deb: str, out_dir: str, topics_out: str | None = None) -> dict[str, int]:
-    """Build the corpus from two .deb files into ``out_dir`` (and the topics into ``topics_out``); return split sizes."""
+    """Build the corpus from two .deb files into ``out_dir`` (and the topics into ``topics_out``).
+
+    Returns the split sizes.
+    """
     en = load_deb(en_deb, EN_LANG)
     de = load_deb(de_deb, DE_LANG)
     pairs, stats = build_pairs(en.pages, de.pages)
@@ -901,7 +905,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--de-deb", help=f"path to the {DE_PACKAGE} .deb (default: apt-get download)")
     ap.add_argument("--out", required=True, help="output directory, e.g. data/libreoffice_help_en_de")
     ap.add_argument(
-        "--topics-out", help="also write English sentences labelled by application here, e.g. data/libreoffice_help_topics"
+        "--topics-out",
+        help="also write English sentences labelled by application here, e.g. data/libreoffice_help_topics",
     )
     args = ap.parse_args(argv)
     try:

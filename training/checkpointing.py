@@ -1,12 +1,13 @@
-"""Orbax checkpoints: the train state by step, the best-BLEU parameters, and averages of parameters.
+"""Orbax checkpoints: the train state by step, the best parameters (by a validation score), and averages.
 
 Layout under the workdir:
 
   checkpoints/<step>/{state,data}       the last `keep` steps. 'state' is the TrainState pytree (params,
                                         Adam moments, step, base RNG key); 'data' the iterator position (JSON).
   best_checkpoint/<step>/{state,score}  the parameters ({'params': ...}) of the step with the highest
-                                        validation BLEU so far and its {'step', 'valid_bleu'} (JSON); kept
-                                        apart from the rotation above, which may already have deleted it.
+                                        validation score so far (BLEU, accuracy: the task's) and its
+                                        {'step', 'value', 'metric'} (JSON); kept apart from the rotation
+                                        above, which may already have deleted it.
   averaged/<N>_<step>/{state,steps}     on request: the mean of the parameters of the N checkpoints up to
                                         <step> ({'params': ...}) and the steps averaged (JSON).
 
@@ -46,10 +47,24 @@ def averaged_checkpoint_dir(workdir: str, steps: tuple[int, ...]) -> str:
 
 @dataclasses.dataclass(frozen=True)
 class BestScore:
-    """The step whose parameters have the highest validation BLEU so far."""
+    """The step whose parameters have the highest validation score so far."""
 
     step: int
-    valid_bleu: float
+    value: float
+    metric: str = "bleu"  # The validation score's name ('bleu', 'accuracy').
+
+    @property
+    def description(self) -> str:
+        """'valid BLEU 17.20', 'valid accuracy 0.8123'."""
+        if self.metric == "bleu":
+            return f"valid BLEU {self.value:.2f}"
+        return f"valid {self.metric} {self.value:.4f}"
+
+    @classmethod
+    def from_json(cls, score: dict) -> "BestScore":
+        if "valid_bleu" in score:  # Written before the metric was a parameter.
+            return cls(score["step"], score["valid_bleu"], "bleu")
+        return cls(**score)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,7 +107,7 @@ class Checkpointer:
         return sorted(self._manager.all_steps())
 
     def best(self) -> BestScore | None:
-        """The step kept in best_checkpoint/ and its validation BLEU; None before any BLEU check."""
+        """The step kept in best_checkpoint/ and its validation score; None before any check."""
         return self._best
 
     def save(self, state: TrainState, data_state: IteratorState) -> None:
@@ -107,15 +122,17 @@ class Checkpointer:
             ),
         )
 
-    def save_if_best(self, step: int, params: Any, valid_bleu: float) -> bool:
-        """Keeps `params` in best_checkpoint/ if `valid_bleu` beats every earlier step's (a tie keeps the earlier).
+    def save_if_best(self, step: int, params: Any, score: float, metric: str = "bleu") -> bool:
+        """Keeps `params` in best_checkpoint/ if `score` beats every earlier step's (a tie keeps the earlier).
+
+        `score` is the validation `metric` (higher is better), e.g. BLEU or accuracy.
 
         The save is asynchronous; the previous best is deleted once it completes.
 
         Returns:
             Whether `step` is the new best.
         """
-        if self._best is not None and valid_bleu <= self._best.valid_bleu:
+        if self._best is not None and score <= self._best.value:
             return False
         # After a restart a step can be evaluated again. Where its BLEU differs (nondeterministic
         # accelerators, a changed eval config) a later or equal step may be on disk: Orbax neither
@@ -123,7 +140,7 @@ class Checkpointer:
         for stale in self._best_manager.all_steps():
             if stale >= step:
                 self._best_manager.delete(stale)
-        self._best = BestScore(step, float(valid_bleu))
+        self._best = BestScore(step, float(score), metric)
         self._best_manager.save(
             step,
             args=ocp.args.Composite(
@@ -177,11 +194,11 @@ class Checkpointer:
             if self._best is None:
                 raise UserInputError(
                     f"No best checkpoint in {self._best_manager.directory}: it is kept during training when "
-                    "validation BLEU is computed, so train with config.eval.num_bleu_sentences > 0, or choose "
-                    f"{CHECKPOINT_CHOICES}."
+                    "the validation score is computed (for translation: config.eval.num_bleu_sentences > 0), "
+                    f"or choose {CHECKPOINT_CHOICES}."
                 )
             best = self._best
-            return Selection("best", (best.step,), f"best (step {best.step}, valid BLEU {best.valid_bleu:.2f})")
+            return Selection("best", (best.step,), f"best (step {best.step}, {best.description})")
         if text == "latest" or re.fullmatch(r"[0-9]+", text):
             if not steps:
                 raise UserInputError(f"No complete checkpoint in {self.directory}; train first.")
@@ -249,7 +266,7 @@ class Checkpointer:
         if step is None:
             return None
         score = self._best_manager.restore(step, args=ocp.args.Composite(score=ocp.args.JsonRestore()))["score"]
-        return BestScore(**score)
+        return BestScore.from_json(score)
 
     def _require_step(self, step: int) -> None:
         if step not in self._manager.all_steps():
