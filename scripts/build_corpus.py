@@ -833,9 +833,9 @@ python scripts/build_corpus.py --en-deb {en.filename} --de-deb <the German packa
    {stats.get('shared', 0):,} sentences found on shared pages only. Kept: {stats['kept']:,}.
 4. Split by the sentence: `int(sha256(utf8(sentence))) % {HASH_MODULUS}` in
    [{VALID_BUCKETS.start}, {VALID_BUCKETS.stop}) → valid, [{TEST_BUCKETS.start}, {TEST_BUCKETS.stop}) → test,
-   otherwise train: the rule of the English-German corpus, so no sentence is in two splits, and no test sentence here is a
-   training sentence there. Within a split,
-   sentences keep document order (pages sorted by path); training shuffles them.
+   otherwise train: the rule of the English-German corpus, so no sentence is in two splits, and no
+   test sentence here is a training sentence there. Within a split, sentences keep document order
+   (pages sorted by path); training shuffles them.
 
 Caveats: help sentences are short and repetitive; near-duplicates (differing in a word, e.g. a function
 name) can fall into different splits. Some sentences are generic ("Select the range.") and are labelled
