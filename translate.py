@@ -44,16 +44,6 @@ _CONFIG = config_flags.DEFINE_config_file(
 flags.mark_flags_as_required(["workdir"])
 
 
-def _read_lines() -> list[str]:
-    if _INPUT.value is None:
-        return sys.stdin.read().splitlines()
-    try:
-        with open(_INPUT.value, encoding="utf-8") as f:
-            return f.read().splitlines()
-    except (OSError, UnicodeDecodeError) as e:
-        raise UserInputError(f"Cannot read --input={_INPUT.value}: {e}") from None
-
-
 def _decoding_config(config):
     """config.eval with the decoding flags that were given applied, validated."""
     from configs.validation import validate_config  # pylint: disable=g-import-not-at-top
@@ -87,11 +77,11 @@ def _draw_attention_maps(trained, lines: list[str], translations: list[str], out
 
 
 def translate(workdir: str) -> None:
-    from training import evaluation, inference, loop  # pylint: disable=g-import-not-at-top  (JAX starts here)
+    from training import evaluation, inference, loop, text_io  # pylint: disable=g-import-not-at-top  (JAX starts here)
 
     config = _CONFIG.value if _CONFIG.value is not None else inference.load_config(workdir)
     config = _decoding_config(config)
-    lines = _read_lines()
+    lines = text_io.read_input_lines(_INPUT.value)
     sources = [line.split("\t", 1)[0] for line in lines]
     trained = inference.load_trained_model(config, workdir, _CHECKPOINT.value)
     decoding = evaluation.describe_decoding(config.eval)
@@ -100,12 +90,7 @@ def translate(workdir: str) -> None:
     translations = inference.translate_lines(setup, trained.params, sources, config.dataset.max_length)
     if _ATTENTION_MAPS.value:
         _draw_attention_maps(trained, lines, translations, _ATTENTION_MAPS.value)
-    text = "".join(line + "\n" for line in translations)
-    if _OUTPUT.value is None:
-        sys.stdout.write(text)
-    else:
-        with open(_OUTPUT.value, "w", encoding="utf-8") as f:
-            f.write(text)
+    text_io.write_output_lines(translations, _OUTPUT.value)
 
 
 def main(argv):

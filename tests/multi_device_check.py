@@ -97,10 +97,9 @@ def _train(compilation, data, fsdp, tensor, micro_batches, devices, batches):
         mesh,
         config.mesh.rules,
         shardings,
-        model=model,
+        loss_fn=loop.TranslationTask().loss_fn(config, model),
         tx=tx,
         learning_rate_fn=schedule,
-        label_smoothing=config.optimizer.label_smoothing,
         grad_accumulation_steps=micro_batches,
     )
     step_state, losses = train_step.enter(state), []

@@ -10,7 +10,7 @@ import pytest
 from configs import default
 from training.optimizer import make_optimizer, rsqrt_schedule
 from training.state import create_train_state, make_model
-from training.steps import eval_step, smoothed_cross_entropy, train_step
+from training.steps import eval_step, smoothed_cross_entropy, train_step, translation_loss
 
 
 def test_smoothed_cross_entropy_is_kl_to_smoothed_targets():
@@ -51,10 +51,9 @@ def _setup(grad_accumulation_steps=1, **model_overrides):
     step = jax.jit(
         functools.partial(
             train_step,
-            model=model,
+            loss_fn=functools.partial(translation_loss, model=model, label_smoothing=0.0),
             tx=tx,
             learning_rate_fn=schedule,
-            label_smoothing=0.0,
             grad_accumulation_steps=grad_accumulation_steps,
         )
     )

@@ -24,6 +24,7 @@ from input_pipeline.corpus import LabelledCorpus, load_labelled_corpus
 from input_pipeline.tokenizer import PAD_ID
 from models.classifier import Classifier
 from training import classification_metrics, distributed
+from training.inference import encode_sources
 from training.sharding import process_rows, shard_batch
 from training.state import make_model
 from training.steps import LossFn, weighted_metrics
@@ -181,3 +182,26 @@ class ClassificationTask:
 
     def evaluator(self, config, model: Classifier, data: LabelledCorpus, mesh, batch_sizes) -> ClassificationEvaluator:
         return ClassificationEvaluator(config, model, data, predict_setup(config, model, mesh, batch_sizes))
+
+
+def classify_lines(
+    setup: PredictSetup, params, tokenizer, lines: list[str], max_length: int
+) -> list[tuple[int, float] | None]:
+    """(class id, its probability) of each raw sentence, in order; None for an empty line.
+
+    Sentences longer than `max_length` subwords (with <eos>) are cut to it, with a warning naming the line.
+    """
+    lines = [line.strip() for line in lines]
+    nonempty = [i for i, line in enumerate(lines) if line]
+    sources, cut = encode_sources(tokenizer, [lines[i] for i in nonempty], max_length)
+    for i in cut:
+        logging.warning(
+            "Line %d is longer than %d subwords; only its beginning is classified.", nonempty[i] + 1, max_length
+        )
+    results: list[tuple[int, float] | None] = [None] * len(lines)
+    if nonempty:
+        probabilities = predict_probabilities(setup, params, sources)
+        for row, i in enumerate(nonempty):
+            best = int(probabilities[row].argmax())
+            results[i] = (best, float(probabilities[row, best]))
+    return results

@@ -156,6 +156,21 @@ def sentence_attention_figures(
     )
 
 
+def classifier_attention_figures(model, params, tokenizer: spm.SentencePieceProcessor, sentence: str) -> dict:
+    """Attention-map figures of the encoder Classifier for one sentence, every layer and head.
+
+    The sentence is cut to the subwords the model can encode (with <eos>); with 'cls'
+    pooling the first row and column are the [CLS] token (labelled '<s>').
+    """
+    from training import attention_maps  # pylint: disable=g-import-not-at-top  (matplotlib only when drawing)
+
+    cls_token = model.config.pooling == "cls"
+    ids = encode_sources(tokenizer, [sentence], model.config.encoder.max_len - int(cls_token))[0][0]
+    weights = attention_maps.attention_weights(model, params, ids)
+    pieces = attention_maps.token_pieces(tokenizer, ids)
+    return attention_maps.attention_figures(weights, [attention_maps.BOS_PIECE] * cls_token + pieces, [])
+
+
 def write_attention_summary(
     writer, step: int, model: Transformer, params, tokenizer: spm.SentencePieceProcessor, source: str, translation: str
 ) -> None:
