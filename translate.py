@@ -80,6 +80,8 @@ def translate(workdir: str) -> None:
     from training import evaluation, inference, loop, text_io  # pylint: disable=g-import-not-at-top  (JAX starts here)
 
     config = _CONFIG.value if _CONFIG.value is not None else inference.load_config(workdir)
+    if config.get("task", "translation") != "translation":
+        raise UserInputError(f"{workdir} holds a {config.task} run, not a translation model; use classify.py for it.")
     config = _decoding_config(config)
     lines = text_io.read_input_lines(_INPUT.value)
     sources = [line.split("\t", 1)[0] for line in lines]
