@@ -65,6 +65,7 @@ def test_training_evaluates_the_test_split(trained_workdir, topics_slice):
     with open(os.path.join(out, "confusion_matrix.png"), "rb") as f:
         assert f.read(8) == b"\x89PNG\r\n\x1a\n"
     assert os.path.isdir(os.path.join(trained_workdir, "best_checkpoint"))
+    assert os.listdir(os.path.join(trained_workdir, "tensorboard", "eval_test"))  # The attention maps.
 
 
 def test_evaluating_the_best_checkpoint_on_valid(trained_workdir, topics_slice):

@@ -23,8 +23,9 @@ from input_pipeline import batching
 from input_pipeline.corpus import LabelledCorpus, load_labelled_corpus
 from input_pipeline.tokenizer import PAD_ID
 from models.classifier import Classifier
-from training import classification_metrics, distributed
-from training.inference import encode_sources
+from training import attention_maps, classification_metrics, distributed
+from training.inference import classifier_attention_figures, encode_sources
+from training.metrics_writer import MetricWriter
 from training.sharding import process_rows, shard_batch
 from training.state import make_model
 from training.steps import LossFn, weighted_metrics
@@ -122,7 +123,8 @@ class ClassificationEvaluator:
 
         Writes <workdir>/eval/<split>/scores.json, predictions.tsv ('label<TAB>prediction<TAB>
         probability<TAB>text' per example, in the split's order, after a header line) and
-        confusion_matrix.png.
+        confusion_matrix.png; the attention maps of the split's first sentence go to TensorBoard
+        (<workdir>/tensorboard/eval_<split>/).
         """
         split = self.config.eval.split
         ids, text, labels = self.corpus.ids[split], self.corpus.text[split], self.corpus.labels
@@ -163,6 +165,11 @@ class ClassificationEvaluator:
         figure.savefig(os.path.join(out_dir, CONFUSION_MATRIX_FILE))
         with open(os.path.join(out_dir, "scores.json"), "w", encoding="utf-8") as f:
             json.dump(scores, f, indent=2)
+        if len(text):  # The encoder's attention maps of the split's first sentence, as for translation.
+            writer = MetricWriter(workdir, f"eval_{split}")
+            figures = classifier_attention_figures(self.model, params, self.corpus.tokenizer, text.texts[0])
+            attention_maps.write_attention_summaries(writer, step, figures)
+            writer.close()
         return scores
 
 
