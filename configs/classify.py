@@ -9,7 +9,7 @@ through the same loop, checkpoints and CLI as translation: an 8k SentencePiece
 vocabulary, a pre-LN encoder (d_model 256, 4 heads, d_ff 1024, 3 layers, bf16
 matmuls), the mean of its outputs over the real tokens, dropout and a linear head,
 trained with Adam (peak 1e-3, label smoothing 0.1, dropout 0.3) for 2,100 steps of
-~2k padded tokens (~10 epochs); the checkpoint with the best validation accuracy is kept
+~2k padded tokens (~8.7 epochs); the checkpoint with the best validation accuracy is kept
 apart (--checkpoint=best). At the end the test split is evaluated into
 <workdir>/eval/test/{scores.json,predictions.tsv,confusion_matrix.png}.
 
