@@ -34,7 +34,8 @@ _MODE = flags.DEFINE_enum(
 _CHECKPOINT = flags.DEFINE_string(
     "checkpoint",
     "latest",
-    "With --mode=eval: the parameters to evaluate. latest; best (the highest validation BLEU during training); "
+    "With --mode=eval: the parameters to evaluate. latest; best (the best validation score during training: BLEU, "
+    "or accuracy for classification); "
     "average:N (the mean of the last N checkpoints); or a step number.",
 )
 _SAVE_AVERAGE = flags.DEFINE_bool(

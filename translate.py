@@ -14,12 +14,10 @@ say otherwise.
 """
 
 import os
-import sys
 
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from training import io_errors
 from training.errors import UserInputError
 from training.logs import quiet_library_logs
 
@@ -43,19 +41,6 @@ _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "Config file the run was trained with (default: <workdir>/config.json).", lock_config=True
 )
 flags.mark_flags_as_required(["workdir"])
-
-
-def _read_lines() -> list[str]:
-    """The input lines, from --input or stdin alike: bytes decoded as strict UTF-8."""
-    from input_pipeline.parallel_text import decode_lines  # pylint: disable=g-import-not-at-top
-
-    try:
-        if _INPUT.value is None:
-            return decode_lines(sys.stdin.buffer.read(), "stdin")
-        with open(_INPUT.value, "rb") as f:
-            return decode_lines(f.read(), f"--input={_INPUT.value}")
-    except OSError as e:
-        raise UserInputError(f"Cannot read --input={_INPUT.value}: {e}") from None
 
 
 def _decoding_config(config):
@@ -91,11 +76,13 @@ def _draw_attention_maps(trained, lines: list[str], translations: list[str], out
 
 
 def translate(workdir: str) -> None:
-    from training import evaluation, inference, loop  # pylint: disable=g-import-not-at-top  (JAX starts here)
+    from training import evaluation, inference, loop, text_io  # pylint: disable=g-import-not-at-top  (JAX starts here)
 
     config = _CONFIG.value if _CONFIG.value is not None else inference.load_config(workdir)
+    if config.get("task", "translation") != "translation":
+        raise UserInputError(f"{workdir} holds a {config.task} run, not a translation model; use classify.py for it.")
     config = _decoding_config(config)
-    lines = _read_lines()
+    lines = text_io.read_input_lines(_INPUT.value)
     sources = [line.split("\t", 1)[0] for line in lines]
     trained = inference.load_trained_model(config, workdir, _CHECKPOINT.value)
     decoding = evaluation.describe_decoding(config.eval)
@@ -104,26 +91,16 @@ def translate(workdir: str) -> None:
     translations = inference.translate_lines(setup, trained.params, sources, config.dataset.max_length)
     if _ATTENTION_MAPS.value:
         _draw_attention_maps(trained, lines, translations, _ATTENTION_MAPS.value)
-    text = "".join(line + "\n" for line in translations)
-    if _OUTPUT.value is None:
-        sys.stdout.write(text)
-    else:
-        with open(_OUTPUT.value, "w", encoding="utf-8") as f:
-            f.write(text)
+    text_io.write_output_lines(translations, _OUTPUT.value)
 
 
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
     quiet_library_logs()
-    try:
-        translate(_WORKDIR.value)
-    except Exception as e:  # pylint: disable=broad-except
-        folder = _OUTPUT.value or _ATTENTION_MAPS.value
-        if (message := io_errors.user_error_message(e, folder, elsewhere="write elsewhere")) is None:
-            raise
-        print(f"error: {message}", file=sys.stderr)
-        sys.exit(2)
+    from training import text_io  # pylint: disable=g-import-not-at-top
+
+    text_io.run_command(lambda: translate(_WORKDIR.value), _OUTPUT.value or _ATTENTION_MAPS.value)
 
 
 if __name__ == "__main__":

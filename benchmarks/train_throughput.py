@@ -22,7 +22,7 @@ from ml_collections import config_flags
 from input_pipeline import batching
 from input_pipeline.corpus import load_corpus
 from training import sharding
-from training.loop import batch_sizes, configured_train_step, initial_state, state_shardings
+from training.loop import TranslationTask, batch_sizes, configured_train_step, initial_state, state_shardings
 from training.optimizer import make_optimizer
 from training.state import make_model
 
@@ -41,7 +41,8 @@ def _runner(config, corpus, dtype, mesh):
     tx, schedule = make_optimizer(config.optimizer)
     shardings = state_shardings(config, model, tx, mesh)
     state = initial_state(config, model, tx, shardings)
-    train_step = configured_train_step(config, model, tx, schedule, mesh, shardings)
+    loss_fn = TranslationTask().loss_fn(config, model)
+    train_step = configured_train_step(config, loss_fn, tx, schedule, mesh, shardings)
     sizes = batch_sizes(config, config.per_device_batch_size, mesh, config.grad_accumulation_steps)
     stream = batching.TrainBatches(
         corpus.ids[config.dataset.train_split], config.dataset.bucket_boundaries, sizes, config.seed

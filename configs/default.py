@@ -18,6 +18,9 @@ def get_config() -> ml_collections.ConfigDict:
     """Returns the Transformer-base config."""
     config = ml_collections.ConfigDict()
 
+    # 'translation' (the encoder-decoder) or 'classification' (the encoder, pooled, and a
+    # linear head over the labels of a labelled-text dataset; see configs/classify.py).
+    config.task = "translation"
     config.seed = 0
     config.num_train_steps = 100_000
     config.log_every_steps = 100
@@ -52,7 +55,7 @@ def get_config() -> ml_collections.ConfigDict:
     mesh.tensor = 1  # Attention heads, feed-forward units and vocabulary split; batch replicated.
     # Logical axis -> mesh axis (or tuple of axes, or None: replicated). Parameters
     # name their dimensions 'embed' (d_model), 'heads', 'kv' (head_dim), 'mlp' (d_ff),
-    # 'vocab' and 'norm' (LayerNorm); batches are split on 'batch'. The first rule
+    # 'vocab', 'norm' (LayerNorm) and 'classes' (a classifier's head); batches are split on 'batch'. The first rule
     # naming an axis wins, and a mesh axis shards at most one dimension of an array.
     mesh.rules = (
         ("batch", ("data", "fsdp")),
@@ -62,14 +65,18 @@ def get_config() -> ml_collections.ConfigDict:
         ("embed", "fsdp"),
         ("kv", None),
         ("norm", None),
+        ("classes", None),
     )
 
     config.dataset = dataset = ml_collections.ConfigDict()
     # A TFDS name ('wmt14_translate/de-en', 'wmt17_translate/de-en', ...) or
-    # 'parallel_text' for aligned text files in `dataset.path`.
+    # 'parallel_text' for aligned text files in `dataset.path`. Classification: a TFDS
+    # text-classification name ('imdb_reviews', 'glue/sst2') or 'labelled_text' for
+    # {train,valid,test}.tsv[.gz] files of 'label<TAB>text' lines in `dataset.path`.
     dataset.name = "wmt14_translate/de-en"
     # Folder of {train,valid,test}.{source_lang,target_lang}[.gz] files, one
-    # sentence per line (only for dataset.name == 'parallel_text').
+    # sentence per line (dataset.name 'parallel_text'), or of {train,valid,test}.tsv[.gz]
+    # files of 'label<TAB>text' lines ('labelled_text').
     dataset.path = ""
     # Where TFDS keeps prepared data; '' means the TFDS default for named
     # datasets and <workdir>/tfds for parallel text.
@@ -106,6 +113,9 @@ def get_config() -> ml_collections.ConfigDict:
     model.norm_placement = "post"  # 'post' (the paper) or 'pre'.
     model.tie_embeddings = True  # Source/target embeddings and output layer.
     model.dtype = "float32"  # Compute dtype: 'float32' or 'bfloat16'.
+    # Classification: the encoder's outputs are summarised by 'mean' (over the real
+    # tokens) or 'cls' (the output at a [CLS] token put before each sentence).
+    model.pooling = "mean"
 
     config.optimizer = optimizer = ml_collections.ConfigDict()
     # Peak of the warm-up + inverse-square-root schedule. The paper's

@@ -19,7 +19,11 @@ _CHOICES = {
     "tokenizer.model_type": ("unigram", "bpe"),
     "step_compilation": ("jit", "pmap"),
     "nonfinite": ("stop", "skip"),
+    "task": ("translation", "classification"),
+    "model.pooling": ("mean", "cls"),
 }
+# Datasets read from config.dataset.path, per task.
+_LOCAL_DATASETS = {"translation": "parallel_text", "classification": "labelled_text"}
 _POSITIVE = (
     "num_train_steps",
     "log_every_steps",
@@ -53,9 +57,15 @@ _MODEL_DIMENSIONS = {
 }
 
 
+# Fields that configs (and workdirs' config.json) written before they existed lack.
+_DEFAULTS = {"task": "translation", "model.pooling": "mean"}
+
+
 def _get(config: ml_collections.ConfigDict, dotted: str):
     value = config
     for part in dotted.split("."):
+        if part not in value and dotted in _DEFAULTS:
+            return _DEFAULTS[dotted]
         value = value[part]
     return value
 
@@ -116,17 +126,36 @@ def validate_config(config: ml_collections.ConfigDict, num_devices: int | None =
             "increasing lengths >= 2 ending at config.dataset.max_length "
             f"({config.dataset.max_length})."
         )
-    if config.dataset.name == "parallel_text" and not config.dataset.path:
+    task = _get(config, "task")
+    local = _LOCAL_DATASETS[task]
+    other_local = [name for t, name in _LOCAL_DATASETS.items() if t != task]
+    if config.dataset.name in other_local:
         raise UserInputError(
-            "config.dataset.name is 'parallel_text' but config.dataset.path is "
+            f"config.dataset.name is {config.dataset.name!r}, a dataset for another task than config.task "
+            f"({task!r}); use {local!r} (files in config.dataset.path) or a TFDS dataset of the task."
+        )
+    if config.dataset.name == local and not config.dataset.path:
+        raise UserInputError(
+            f"config.dataset.name is {local!r} but config.dataset.path is "
             "empty; set --config.dataset.path to a folder of train/valid/test files."
         )
-    _validate_mesh(config, jax.device_count() if num_devices is None else num_devices)
-    _validate_decoding_memory(config)
-    if config.dataset.source_lang == config.dataset.target_lang:
+    if (
+        task == "classification"
+        and _get(config, "model.pooling") == "cls"
+        and config.dataset.max_length + 1 > model.max_len
+    ):
         raise UserInputError(
-            f"config.dataset.source_lang and target_lang are both {config.dataset.source_lang!r}; they must differ."
+            f"config.model.pooling='cls' puts a token before sentences of up to config.dataset.max_length "
+            f"({config.dataset.max_length}) subwords: config.model.max_len ({model.max_len}) must be at least "
+            f"{config.dataset.max_length + 1}."
         )
+    _validate_mesh(config, jax.device_count() if num_devices is None else num_devices)
+    if task == "translation":
+        if config.dataset.source_lang == config.dataset.target_lang:
+            raise UserInputError(
+                f"config.dataset.source_lang and target_lang are both {config.dataset.source_lang!r}; they must differ."
+            )
+        _validate_decoding_memory(config)
 
 
 def _validate_decoding(eval_config: ml_collections.ConfigDict) -> None:

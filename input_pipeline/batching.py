@@ -90,6 +90,40 @@ class ParallelIds:
         """[num_pairs] the longer side of each pair, which decides its bucket."""
         return np.maximum(self.sources.lengths, self.targets.lengths)
 
+    def padded(self, indices: np.ndarray, length: int, batch_size: int) -> dict[str, np.ndarray]:
+        """The pairs at `indices` as a batch: {'inputs', 'targets'}, [batch_size, length] int32 each."""
+        return pad_batch(self, indices, length, batch_size)
+
+
+@dataclasses.dataclass(frozen=True)
+class LabelledIds:
+    """Tokenized sentences (each ending with <eos>) and their class ids: the examples of classification."""
+
+    sources: RaggedIds
+    labels: np.ndarray  # [num_examples] int32 class ids.
+
+    def __len__(self) -> int:
+        return len(self.sources)
+
+    @property
+    def lengths(self) -> np.ndarray:
+        """[num_examples] the sentence lengths, which decide the buckets."""
+        return self.sources.lengths
+
+    def padded(self, indices: np.ndarray, length: int, batch_size: int) -> dict[str, np.ndarray]:
+        """The examples at `indices` as a batch: 'inputs' [batch_size, length] and 'labels' [batch_size] int32.
+
+        Filler rows past len(indices) are all padding with label 0; a real row always holds
+        at least <eos>, so `inputs[:, 0] != PAD_ID` tells them apart.
+        """
+        labels = np.zeros(batch_size, np.int32)
+        labels[: len(indices)] = self.labels[np.asarray(indices, np.int64)]
+        return {"inputs": pad_ids(self.sources, indices, length, batch_size), "labels": labels}
+
+
+# What batches are made of: pairs (translation) or labelled sentences (classification).
+Examples = ParallelIds | LabelledIds
+
 
 def bucket_batch_sizes(boundaries: Sequence[int], tokens_per_batch: int, multiple_of: int) -> dict[int, int]:
     """Sequences per batch for each bucket length, a multiple of `multiple_of`.
@@ -167,7 +201,7 @@ class TrainBatches(Iterator[dict[str, np.ndarray]]):
 
     def __init__(
         self,
-        pairs: ParallelIds,
+        pairs: Examples,
         boundaries: Sequence[int],
         batch_sizes: dict[int, int],
         seed: int,
@@ -212,7 +246,7 @@ class TrainBatches(Iterator[dict[str, np.ndarray]]):
         self._next += 1
         length = self._boundaries[bucket_of(self._lengths[indices[:1]], self._boundaries)[0]]
         rows = self._rows(len(indices))
-        return pad_batch(self._pairs, indices[rows], length, rows.stop - rows.start)
+        return self._pairs.padded(indices[rows], length, rows.stop - rows.start)
 
 
 def length_sorted_batches(
@@ -236,7 +270,7 @@ def length_sorted_batches(
 
 
 def eval_batches(
-    pairs: ParallelIds, boundaries: Sequence[int], batch_sizes: dict[int, int], rows: RowsFn = all_rows
+    pairs: Examples, boundaries: Sequence[int], batch_sizes: dict[int, int], rows: RowsFn = all_rows
 ) -> Iterator[tuple[dict[str, np.ndarray], np.ndarray]]:
     """Every pair exactly once, in batches bucketed by the longer side and padded to full size.
 
@@ -248,7 +282,7 @@ def eval_batches(
     """
     for length, indices in length_sorted_batches(pairs.lengths, boundaries, batch_sizes):
         local = rows(batch_sizes[length])
-        yield pad_batch(pairs, indices[local], length, local.stop - local.start), indices
+        yield pairs.padded(indices[local], length, local.stop - local.start), indices
 
 
 def source_batches(

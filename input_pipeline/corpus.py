@@ -1,7 +1,9 @@
-"""Loads the splits a run needs and turns them into subword ids."""
+"""Loads the splits a run needs and turns them into subword ids (and, for classification, label ids)."""
 
+import collections
 import dataclasses
 import os
+from collections.abc import Callable
 
 import ml_collections
 import sentencepiece as spm
@@ -9,11 +11,14 @@ from absl import logging
 
 from input_pipeline import datasets
 from input_pipeline import tokenizer as tokenizer_lib
-from input_pipeline.batching import ParallelIds
+from input_pipeline.batching import LabelledIds, ParallelIds
+from input_pipeline.labelled_text import LabelledTexts
 from training import distributed
 from training.errors import UserInputError
 
 TOKENIZER_FILE = "tokenizer.model"
+# Classification: the training labels, one 'label<TAB>count in train' line each, in class-id order.
+LABELS_FILE = "labels.tsv"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,19 +48,7 @@ def load_corpus(
             describes (vocab_size, model_type).
     """
     dataset = config.dataset
-    tokenizer_path = os.path.join(workdir, TOKENIZER_FILE)
-    tokenizer = None
-    if os.path.exists(tokenizer_path):
-        # Read and checked before the dataset is prepared: a restart that cannot work writes nothing.
-        tokenizer = tokenizer_lib.load_tokenizer(tokenizer_path)
-        if allow_training_tokenizer:
-            tokenizer_lib.check_tokenizer_matches(
-                tokenizer, tokenizer_path, vocab_size=config.tokenizer.vocab_size, kind=config.tokenizer.model_type
-            )
-    elif not allow_training_tokenizer:
-        raise UserInputError(
-            f"{tokenizer_path} does not exist: {workdir} holds no trained run. Train first with the same --workdir."
-        )
+    tokenizer = _checked_workdir_tokenizer(config, workdir, allow_training_tokenizer=allow_training_tokenizer)
     needed = splits if tokenizer is not None else tuple(dict.fromkeys((dataset.train_split, *splits)))
     # Process 0 prepares the dataset and trains the tokenizer; the others then read both.
     with distributed.main_process_first("prepare_dataset"):
@@ -63,21 +56,8 @@ def load_corpus(
     text = {
         split: datasets.load_text_pairs(builder, split, dataset.source_lang, dataset.target_lang) for split in needed
     }
-    with distributed.main_process_first("train_tokenizer"):
-        if os.path.exists(tokenizer_path):
-            if tokenizer is None:  # Trained by process 0 meanwhile.
-                tokenizer = tokenizer_lib.load_tokenizer(tokenizer_path)
-        else:
-            os.makedirs(workdir, exist_ok=True)  # Only now: bad data must leave no trace.
-            train = text[dataset.train_split]
-            tokenizer = tokenizer_lib.train_tokenizer(
-                train.sources + train.targets,
-                tokenizer_path,
-                vocab_size=config.tokenizer.vocab_size,
-                model_type=config.tokenizer.model_type,
-                max_sentences=config.tokenizer.max_training_sentences,
-                seed=config.seed,
-            )
+    train = text.get(dataset.train_split)
+    tokenizer = _workdir_tokenizer(config, workdir, tokenizer, lambda: train.sources + train.targets)
     ids = {}
     for split in splits:
         ids[split] = datasets.tokenize(text[split], tokenizer)
@@ -85,3 +65,159 @@ def load_corpus(
             ids[split] = datasets.filter_by_length(ids[split], dataset.max_length)
         logging.info("%s: %d pairs, %d target subwords.", split, len(ids[split]), int(ids[split].targets.lengths.sum()))
     return Corpus(tokenizer, {s: text[s] for s in splits}, ids)
+
+
+def _checked_workdir_tokenizer(
+    config: ml_collections.ConfigDict, workdir: str, *, allow_training_tokenizer: bool
+) -> spm.SentencePieceProcessor | None:
+    """<workdir>/tokenizer.model if the workdir has one (checked against config.tokenizer when training), else None.
+
+    Read and checked before the dataset is prepared: a restart that cannot work writes nothing.
+
+    Raises:
+        UserInputError: a damaged tokenizer file; when training, a tokenizer other than
+            config.tokenizer describes (vocab_size, model_type); no tokenizer when one may not be trained.
+    """
+    tokenizer_path = os.path.join(workdir, TOKENIZER_FILE)
+    if os.path.exists(tokenizer_path):
+        tokenizer = tokenizer_lib.load_tokenizer(tokenizer_path)
+        if allow_training_tokenizer:
+            tokenizer_lib.check_tokenizer_matches(
+                tokenizer, tokenizer_path, vocab_size=config.tokenizer.vocab_size, kind=config.tokenizer.model_type
+            )
+        return tokenizer
+    if not allow_training_tokenizer:
+        raise UserInputError(
+            f"{tokenizer_path} does not exist: {workdir} holds no trained run. Train first with the same --workdir."
+        )
+    return None
+
+
+def _workdir_tokenizer(
+    config: ml_collections.ConfigDict,
+    workdir: str,
+    tokenizer: spm.SentencePieceProcessor | None,
+    training_sentences: Callable[[], list[str]],
+) -> spm.SentencePieceProcessor:
+    """`tokenizer` if the workdir had one; else <workdir>/tokenizer.model, trained by process 0 on the first run."""
+    if tokenizer is not None:
+        return tokenizer
+    tokenizer_path = os.path.join(workdir, TOKENIZER_FILE)
+    with distributed.main_process_first("train_tokenizer"):
+        if os.path.exists(tokenizer_path):  # Trained by process 0 meanwhile.
+            return tokenizer_lib.load_tokenizer(tokenizer_path)
+        os.makedirs(workdir, exist_ok=True)  # Only now: bad data must leave no trace.
+        return tokenizer_lib.train_tokenizer(
+            training_sentences(),
+            tokenizer_path,
+            vocab_size=config.tokenizer.vocab_size,
+            model_type=config.tokenizer.model_type,
+            max_sentences=config.tokenizer.max_training_sentences,
+            seed=config.seed,
+        )
+
+
+# --------------------------------------------------------------------------- #
+# Classification.
+# --------------------------------------------------------------------------- #
+
+
+@dataclasses.dataclass(frozen=True)
+class Labels:
+    """The classes of a run: the training labels in class-id order, and how often each occurs in training."""
+
+    names: tuple[str, ...]
+    train_counts: tuple[int, ...]
+
+    @property
+    def ids(self) -> dict[str, int]:
+        return {name: i for i, name in enumerate(self.names)}
+
+    @property
+    def majority(self) -> int:
+        """The class id of the most frequent training label (the first of a tie)."""
+        return max(range(len(self.names)), key=lambda i: (self.train_counts[i], -i))
+
+
+def labels_from_training(train_labels: list[str], names: list[str] | None) -> Labels:
+    """The classes of a training split: `names` in order if the dataset declares them, else sorted."""
+    counts = collections.Counter(train_labels)
+    names = list(names) if names is not None else sorted(counts)
+    return Labels(tuple(names), tuple(counts.get(name, 0) for name in names))
+
+
+def save_labels(labels: Labels, workdir: str) -> None:
+    path = os.path.join(workdir, LABELS_FILE)
+    with open(path + ".tmp", "w", encoding="utf-8") as f:
+        f.writelines(f"{name}\t{count}\n" for name, count in zip(labels.names, labels.train_counts))
+    os.replace(path + ".tmp", path)
+
+
+def load_labels(workdir: str) -> Labels:
+    """The classes saved in <workdir>/labels.tsv.
+
+    Raises:
+        UserInputError: the workdir holds no (readable) labels file.
+    """
+    path = os.path.join(workdir, LABELS_FILE)
+    try:
+        with open(path, encoding="utf-8") as f:
+            rows = [line.rstrip("\n").split("\t") for line in f if line.strip()]
+        return Labels(tuple(name for name, _ in rows), tuple(int(count) for _, count in rows))
+    except (OSError, ValueError) as e:
+        raise UserInputError(
+            f"Cannot read the classes of the run from {path} ({type(e).__name__}): {workdir} holds no trained "
+            "classifier. Train first with the same --workdir."
+        ) from None
+
+
+@dataclasses.dataclass(frozen=True)
+class LabelledCorpus:
+    tokenizer: spm.SentencePieceProcessor
+    labels: Labels
+    text: dict[str, LabelledTexts]  # split -> sentences and label names
+    ids: dict[str, LabelledIds]  # split -> subword ids (cut to dataset.max_length) and class ids
+
+
+def load_labelled_corpus(
+    config: ml_collections.ConfigDict,
+    workdir: str,
+    splits: tuple[str, ...],
+    *,
+    allow_training_tokenizer: bool,
+) -> LabelledCorpus:
+    """Loads `splits` of a labelled-text config.dataset with the workdir's tokenizer and classes.
+
+    On the first run the tokenizer is trained on the train split's sentences and the classes
+    are read off its labels (<workdir>/tokenizer.model, labels.tsv); later runs and evaluation
+    read both back, so class ids never change.
+
+    Raises:
+        UserInputError: bad dataset (see datasets.make_labelled_builder), a label the training
+            split lacks, or no tokenizer or classes in the workdir when they may not be made.
+    """
+    dataset = config.dataset
+    tokenizer = _checked_workdir_tokenizer(config, workdir, allow_training_tokenizer=allow_training_tokenizer)
+    have_vocabularies = tokenizer is not None and os.path.exists(os.path.join(workdir, LABELS_FILE))
+    if not have_vocabularies and not allow_training_tokenizer:
+        raise UserInputError(
+            f"{os.path.join(workdir, LABELS_FILE)} or {TOKENIZER_FILE} does not exist: {workdir} holds no trained "
+            "classifier. Train first with the same --workdir."
+        )
+    needed = splits if have_vocabularies else tuple(dict.fromkeys((dataset.train_split, *splits)))
+    with distributed.main_process_first("prepare_dataset"):
+        builder = datasets.make_labelled_builder(dataset, workdir, required_splits=needed)
+    text = {split: datasets.load_labelled_texts(builder, split) for split in needed}
+    tokenizer = _workdir_tokenizer(config, workdir, tokenizer, lambda: text[dataset.train_split].texts)
+    with distributed.main_process_first("save_labels"):
+        if os.path.exists(os.path.join(workdir, LABELS_FILE)):
+            labels = load_labels(workdir)
+        else:
+            names = datasets.text_and_label_features(builder)[2]
+            labels = labels_from_training(text[dataset.train_split].labels, names)
+            save_labels(labels, workdir)
+    ids = {}
+    for split in splits:
+        ids[split] = datasets.tokenize_labelled(text[split], tokenizer, labels.ids, dataset.max_length)
+        logging.info("%s: %d examples, %d subwords.", split, len(ids[split]), int(ids[split].lengths.sum()))
+    return LabelledCorpus(tokenizer, labels, {s: text[s] for s in splits}, ids)

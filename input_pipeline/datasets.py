@@ -1,4 +1,4 @@
-"""Sentence pairs from TFDS: registered datasets by name, or local parallel text."""
+"""Examples from TFDS, by name or from local files: sentence pairs (translation), labelled text (classification)."""
 
 import dataclasses
 import os
@@ -9,7 +9,9 @@ import sentencepiece as spm
 import tensorflow_datasets as tfds
 from absl import logging
 
-from input_pipeline.batching import ParallelIds, RaggedIds
+from input_pipeline.batching import LabelledIds, ParallelIds, RaggedIds
+from input_pipeline.labelled_text import LABEL, LabelledText, LabelledTexts
+from input_pipeline.labelled_text import TEXT as LABEL_TEXT
 from input_pipeline.parallel_text import ParallelText
 from input_pipeline.tokenizer import EOS_ID
 from training.errors import UserInputError
@@ -89,8 +91,10 @@ def load_text_pairs(builder: tfds.core.DatasetBuilder, split: str, source_lang: 
     return TextPairs(sources, targets)
 
 
-def tokenize(pairs: TextPairs, tokenizer: spm.SentencePieceProcessor) -> ParallelIds:
-    """Subword ids of both sides, each sequence ending with <eos>."""
+def tokenize(
+    pairs: TextPairs, tokenizer: spm.SentencePieceProcessor, sides: tuple[str, ...] = ("sources", "targets")
+) -> ParallelIds:
+    """Subword ids of both sides (or only of `sides`; the others stay empty), each sequence ending with <eos>."""
 
     def encode(texts: list[str]) -> RaggedIds:
         # In chunks, so that only one chunk at a time is held as Python lists.
@@ -100,7 +104,7 @@ def tokenize(pairs: TextPairs, tokenizer: spm.SentencePieceProcessor) -> Paralle
             chunks.append(RaggedIds.from_lists([seq + [EOS_ID] for seq in ids]))
         return RaggedIds.concatenate(chunks) if chunks else RaggedIds.from_lists([])
 
-    return ParallelIds(encode(pairs.sources), encode(pairs.targets))
+    return ParallelIds(*(encode(getattr(pairs, side) if side in sides else []) for side in ("sources", "targets")))
 
 
 def filter_by_length(pairs: ParallelIds, max_length: int) -> ParallelIds:
@@ -116,3 +120,130 @@ def filter_by_length(pairs: ParallelIds, max_length: int) -> ParallelIds:
     if not len(keep):
         raise UserInputError(f"No training pair fits config.dataset.max_length={max_length}.")
     return ParallelIds(pairs.sources.select(keep), pairs.targets.select(keep))
+
+
+# --------------------------------------------------------------------------- #
+# Labelled text (classification).
+# --------------------------------------------------------------------------- #
+
+LOCAL_LABELLED_DATASET = "labelled_text"
+
+
+def make_labelled_builder(
+    dataset: ml_collections.ConfigDict, workdir: str, required_splits: tuple[str, ...]
+) -> tfds.core.DatasetBuilder:
+    """The TFDS builder of labelled text named by `dataset`, prepared and checked.
+
+    `labelled_text` reads `{split}.tsv[.gz]` files from dataset.path; any other name is a
+    registered TFDS dataset with one text feature and one `ClassLabel` (`imdb_reviews`,
+    `glue/sst2`, `ag_news_subset`, ...).
+
+    Raises:
+        UserInputError: unknown dataset, bad local files, a dataset without one text and one
+            label feature, missing splits, or a named dataset that is not prepared and cannot be fetched.
+    """
+    if dataset.name == LOCAL_LABELLED_DATASET:
+        builder = LabelledText(
+            path=dataset.path,
+            required_splits=required_splits,
+            data_dir=dataset.data_dir or os.path.join(workdir, "tfds"),
+        )
+    else:
+        try:
+            builder = tfds.builder(dataset.name, data_dir=dataset.data_dir or None)
+        except tfds.core.registered.DatasetNotFoundError:
+            raise UserInputError(
+                f"Unknown dataset {dataset.name!r}: use a TFDS name such as 'imdb_reviews' or 'glue/sst2', "
+                f"or '{LOCAL_LABELLED_DATASET}' with --config.dataset.path=FOLDER."
+            ) from None
+    _prepare(builder, dataset, local=dataset.name == LOCAL_LABELLED_DATASET)
+    text_and_label_features(builder)  # Fails early on a dataset that is not text classification.
+    for split in required_splits:
+        if split not in builder.info.splits:
+            raise UserInputError(
+                f"Dataset {dataset.name!r} has no split {split!r}; it has {sorted(builder.info.splits)} "
+                "(set config.dataset.train_split/valid_split and config.eval.split)."
+            )
+    return builder
+
+
+def _prepare(builder: tfds.core.DatasetBuilder, dataset: ml_collections.ConfigDict, *, local: bool) -> None:
+    try:
+        builder.download_and_prepare()
+    except Exception as e:  # pylint: disable=broad-except
+        if local:
+            raise  # The files were checked: this is not the user's to fix.
+        raise UserInputError(
+            f"Could not prepare dataset {dataset.name!r} in {builder.data_dir}: "
+            f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}. "
+            "Prepare it where the internet is reachable (`tfds build`) and set "
+            "--config.dataset.data_dir."
+        ) from None
+
+
+def text_and_label_features(builder: tfds.core.DatasetBuilder) -> tuple[str, str, list[str] | None]:
+    """(text feature, label feature, label names or None for string labels) of a classification dataset.
+
+    Raises:
+        UserInputError: the dataset has not exactly one text feature and one label feature.
+    """
+    features = builder.info.features
+    if builder.name == LabelledText.name:
+        return LABEL_TEXT, LABEL, None
+    texts = [name for name, feature in features.items() if isinstance(feature, tfds.features.Text)]
+    labels = [name for name, feature in features.items() if isinstance(feature, tfds.features.ClassLabel)]
+    if len(texts) != 1 or len(labels) != 1:
+        raise UserInputError(
+            f"Dataset {builder.name!r} is not single-text classification: it has text features {texts} and "
+            f"label features {labels}; exactly one of each is needed."
+        )
+    return texts[0], labels[0], list(features[labels[0]].names)
+
+
+def load_labelled_texts(builder: tfds.core.DatasetBuilder, split: str) -> LabelledTexts:
+    """All examples of `split`, in the dataset's order, with label names.
+
+    Raises:
+        UserInputError: the split holds unlabelled examples (label -1, e.g. GLUE's test splits).
+    """
+    text_feature, label_feature, names = text_and_label_features(builder)
+    texts, labels = [], []
+    for example in tfds.as_numpy(builder.as_dataset(split=split)):
+        label = example[label_feature]
+        if names is None:
+            labels.append(label.decode("utf-8"))
+        elif 0 <= label < len(names):
+            labels.append(names[label])
+        else:
+            raise UserInputError(
+                f"Split {split!r} of {builder.name!r} has unlabelled examples (label {label}); evaluate a "
+                "labelled split (e.g. --config.eval.split=validation)."
+            )
+        texts.append(example[text_feature].decode("utf-8"))
+    logging.info("Loaded %d %s examples from %s.", len(texts), split, builder.name)
+    return LabelledTexts(texts, labels)
+
+
+def tokenize_labelled(
+    texts: LabelledTexts, tokenizer: spm.SentencePieceProcessor, label_ids: dict[str, int], max_length: int
+) -> LabelledIds:
+    """Subword ids of each sentence, ending with <eos> and cut to `max_length` ids, and the label ids.
+
+    Raises:
+        UserInputError: a label that is not in `label_ids` (the training labels).
+    """
+    unknown = sorted(set(texts.labels) - label_ids.keys())
+    if unknown:
+        raise UserInputError(
+            f"Labels {unknown[:5]} do not occur in the training split (labels {sorted(label_ids)}); "
+            "a classifier can only predict the labels it was trained on."
+        )
+    ids = tokenize(TextPairs(texts.texts, []), tokenizer, sides=("sources",)).sources
+    lengths = ids.lengths
+    if np.any(lengths > max_length):  # Keep the beginning and <eos>: no example is lost.
+        sequences = [
+            ids[i] if lengths[i] <= max_length else np.append(ids[i][: max_length - 1], EOS_ID) for i in range(len(ids))
+        ]
+        ids = RaggedIds.from_lists(sequences)
+    labels = np.array([label_ids[label] for label in texts.labels], np.int32)
+    return LabelledIds(ids, labels)

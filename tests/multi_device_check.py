@@ -3,6 +3,7 @@
   XLA_FLAGS=--xla_force_host_platform_device_count=8 JAX_PLATFORMS=cpu \\
       python tests/multi_device_check.py layouts
   ... python tests/multi_device_check.py checkpoint <empty directory>
+  ... python tests/multi_device_check.py classifier
 
 `layouts` trains a small model for 5 steps on the same batches in every layout
 (one device; pmap over 8; jit over 8 data, 4 data x 2 FSDP, 2 data x 4 tensor,
@@ -11,6 +12,8 @@ that they and the final parameters agree with the one-device run, that the state
 keeps the shardings the rules give it, and that evaluation and greedy decoding on
 the sharded parameters match the one-device results. `checkpoint` saves under
 8-way data parallelism and restores onto 4 data x 2 FSDP and 2 data x 4 tensor.
+`classifier` trains the encoder classifier (config.task='classification') in the
+layouts and checks its losses and class probabilities against one device.
 Exits non-zero (an AssertionError) on any mismatch.
 """
 
@@ -22,10 +25,10 @@ import numpy as np
 from tolerances import loss_rtol  # This script's folder, tests/, is first on sys.path.
 
 from configs import default
-from input_pipeline.batching import IteratorState
+from input_pipeline.batching import IteratorState, RaggedIds
 from input_pipeline.tokenizer import BOS_ID, EOS_ID
 from models.decoding import greedy_decode
-from training import loop, sharding
+from training import classification, loop, sharding
 from training.checkpointing import Checkpointer
 from training.optimizer import make_optimizer
 from training.state import make_model
@@ -46,8 +49,12 @@ LAYOUTS = {
 }
 
 
-def _config(data: int, fsdp: int, tensor: int) -> ml_collections.ConfigDict:
+NUM_CLASSES = 6
+
+
+def _config(data: int, fsdp: int, tensor: int, task: str = "translation") -> ml_collections.ConfigDict:
     config = default.get_config()
+    config.task = task
     config.dataset.max_length = config.eval.max_decode_length = 16
     # Untied embeddings and learned positions: every kind of parameter is sharded.
     config.model.update(
@@ -69,31 +76,37 @@ def _config(data: int, fsdp: int, tensor: int) -> ml_collections.ConfigDict:
 LOSS_RTOL = loss_rtol(make_model(_config(1, 1, 1), vocab_size=32).config, length=12, tokens=16 * 12, steps=NUM_STEPS)
 
 
-def _batches(num_batches: int, batch_size: int = 16, length: int = 12) -> list[dict[str, np.ndarray]]:
-    """Random sentences of random lengths: devices hold different numbers of real tokens."""
+def _batches(num_batches: int, batch_size: int = 16, length: int = 12, task: str = "translation"):
+    """Random sentences of random lengths: devices hold different numbers of real tokens.
+
+    Classification batches hold 'inputs' and 'labels' [batch_size], the last rows filler (all padding).
+    """
     rng = np.random.default_rng(0)
     batches = []
     for _ in range(num_batches):
         batch = {}
-        for key in ("inputs", "targets"):
+        for key in ("inputs", "targets") if task == "translation" else ("inputs",):
             ids = rng.integers(4, 32, (batch_size, length)).astype(np.int32)
             lengths = rng.integers(1, length + 1, batch_size)
             ids[np.arange(length)[None, :] >= lengths[:, None]] = 0
             batch[key] = ids
+        if task == "classification":
+            batch["inputs"][-3:] = 0
+            batch["labels"] = rng.integers(0, NUM_CLASSES, batch_size).astype(np.int32)
         batches.append(batch)
     return batches
 
 
-def _setup(data, fsdp, tensor, devices):
-    config = _config(data, fsdp, tensor)
+def _setup(data, fsdp, tensor, devices, task="translation"):
+    config = _config(data, fsdp, tensor, task)
     mesh = sharding.make_mesh(config.mesh, jax.devices()[:devices])
-    model = make_model(config, vocab_size=32)
+    model = make_model(config, vocab_size=32, num_classes=NUM_CLASSES)
     tx, schedule = make_optimizer(config.optimizer)
     return config, mesh, model, tx, schedule
 
 
-def _train(compilation, data, fsdp, tensor, micro_batches, devices, batches):
-    config, mesh, model, tx, schedule = _setup(data, fsdp, tensor, devices)
+def _train(compilation, data, fsdp, tensor, micro_batches, devices, batches, task="translation"):
+    config, mesh, model, tx, schedule = _setup(data, fsdp, tensor, devices, task)
     shardings = loop.state_shardings(config, model, tx, mesh)
     state = loop.initial_state(config, model, tx, shardings)
     train_step = compile_train_step(
@@ -101,10 +114,9 @@ def _train(compilation, data, fsdp, tensor, micro_batches, devices, batches):
         mesh,
         config.mesh.rules,
         shardings,
-        model=model,
+        loss_fn=loop.make_task(config).loss_fn(config, model),
         tx=tx,
         learning_rate_fn=schedule,
-        label_smoothing=config.optimizer.label_smoothing,
         grad_accumulation_steps=micro_batches,
     )
     step_state, losses = train_step.enter(state), []
@@ -170,6 +182,37 @@ def check_layouts() -> None:
     print("layouts: ok")
 
 
+def check_classifier() -> None:
+    assert len(jax.devices()) == 8, jax.devices()
+    batches = _batches(NUM_STEPS, task="classification")
+    names = [
+        "1 device",
+        "pmap 8",
+        "jit 4 data x 2 fsdp",
+        "jit 2 data x 4 tensor",
+        "jit 4 data x 2 fsdp, 2 micro-batches",
+    ]
+    results = {name: _train(*LAYOUTS[name], batches, task="classification") for name in names}
+    reference_losses, reference_state, (config, mesh, model) = results["1 device"]
+    reference = classification.predict_probabilities(
+        classification.PredictSetup(classification.make_predict_fn(model), mesh, (12,), {12: 16}),
+        reference_state.params,
+        RaggedIds.from_lists([row[row != 0] for row in batches[0]["inputs"][:-3]]),
+    )
+    for name, (losses, state, (config, mesh, model)) in results.items():
+        loss_diff = float(np.max(np.abs(np.asarray(losses) / reference_losses - 1)))
+        print(f"classifier, {name:<38}" + "".join(f"{loss:>11.6f}" for loss in losses) + f"  {loss_diff:>9.1e}")
+        _assert(loss_diff <= LOSS_RTOL, (name, losses, reference_losses))
+        if name.startswith("jit"):  # Predictions on the sharded parameters (batches split over the mesh).
+            setup = classification.PredictSetup(classification.make_predict_fn(model), mesh, (12,), {12: 16})
+            sources = RaggedIds.from_lists([row[row != 0] for row in batches[0]["inputs"][:-3]])
+            probabilities = classification.predict_probabilities(setup, state.params, sources)
+            _assert(np.allclose(probabilities, reference, atol=1e-5), (name, probabilities, reference))
+    head = results["jit 2 data x 4 tensor"][1].params["head"]["kernel"]
+    _assert(head.sharding.shard_shape(head.shape) == head.shape, head.sharding)  # 'classes': replicated.
+    print("classifier: ok")
+
+
 def check_checkpoint(directory: str) -> None:
     assert len(jax.devices()) == 8, jax.devices()
     batches = _batches(2)
@@ -200,5 +243,7 @@ def check_checkpoint(directory: str) -> None:
 if __name__ == "__main__":
     if sys.argv[1] == "layouts":
         check_layouts()
+    elif sys.argv[1] == "classifier":
+        check_classifier()
     else:
         check_checkpoint(sys.argv[2])

@@ -213,3 +213,92 @@ def test_shipped_corpus():
     assert not english["train"] & english["valid"]
     assert not english["train"] & english["test"]
     assert not english["valid"] & english["test"]
+
+
+# --------------------------------------------------------------------------
+# The text-classification corpus (English sentences labelled by application)
+# --------------------------------------------------------------------------
+
+TOPICS_DIR = os.path.join(ROOT, "data", "libreoffice_help_topics")
+
+
+def _page(*paragraphs):
+    body = "".join(f'<p id="par_id{i}" dir="auto">{text}</p>' for i, text in enumerate(paragraphs))
+    return f'<html><body><div id="DisplayArea">{body}</div></body></html>'
+
+
+def test_page_module_from_the_path():
+    assert bc.page_module("text/scalc/01/04060101.html") == "scalc"
+    assert bc.page_module("text/shared/optionen/01060300.html") == "shared"
+    assert bc.page_module("noscript.html") is None
+    assert bc.page_module("text/main.html") is None
+
+
+def test_build_labelled_sentences_labels_by_application_and_drops_ambiguous_ones():
+    pages = {
+        "text/scalc/01/a.html": _page("Sums a range. Click OK.", "Pivot tables summarise data.", "123"),
+        "text/swriter/01/b.html": _page("Click OK.", "Inserts a page break.", "Inserts a page break."),
+        "text/sdraw/guide/c.html": _page("Draws a shape."),
+        "text/simpress/01/d.html": _page("Draws a shape. Starts the slide show."),
+        "text/shared/01/e.html": _page("Pivot tables summarise data.", "Opens a dialog."),
+        "text/unknown/f.html": _page("Never read."),
+    }
+    pairs, stats = bc.build_labelled_sentences(pages)
+    assert pairs == [
+        ("calc", "Sums a range."),
+        ("impress_draw", "Draws a shape."),  # Draw and Impress share one label: not ambiguous.
+        ("impress_draw", "Starts the slide show."),
+        ("writer", "Inserts a page break."),  # Deduplicated.
+    ]
+    # "Click OK." is on Calc and Writer pages; "Pivot tables ..." also on a shared page.
+    assert stats["ambiguous"] == 2 and stats["shared"] == 1 and stats["no_letters"] == 1
+    assert stats["kept"] == 4 and stats["label:impress_draw"] == 2
+
+
+def test_split_labelled_follows_the_hash_of_the_sentence():
+    pairs = [("calc", f"Sentence number {i}.") for i in range(400)]
+    splits = bc.split_labelled(pairs)
+    assert sum(len(v) for v in splits.values()) == 400
+    for split, members in splits.items():
+        assert all(bc.assign_split(sentence) == split for _, sentence in members)
+
+
+def test_gzip_lines_with_fields():
+    blob = bc.gzip_lines(["calc\tSums a range."], fields=2)
+    assert gzip.decompress(blob).decode("utf-8") == "calc\tSums a range.\n"
+    for bad in (["no tab"], ["a\tb\tc"]):
+        with pytest.raises(ValueError):
+            bc.gzip_lines(bad, fields=2)
+
+
+def _read_topics(split):
+    with gzip.open(os.path.join(TOPICS_DIR, f"{split}.tsv.gz"), "rt", encoding="utf-8", newline="\n") as f:
+        return [line.split("\t") for line in f.read().split("\n")[:-1]]
+
+
+def test_shipped_topics_corpus():
+    files = [f"{split}.tsv.gz" for split in bc.SPLITS]
+    for name in files + ["README.md", "LICENSE", "SHA256SUMS"]:
+        assert os.path.isfile(os.path.join(TOPICS_DIR, name)), name
+    with open(os.path.join(TOPICS_DIR, "SHA256SUMS"), encoding="utf-8") as f:
+        sums = dict(reversed(line.split("  ", 1)) for line in f.read().splitlines())
+    assert set(sums) == set(files)
+    for name in files:
+        with open(os.path.join(TOPICS_DIR, name), "rb") as f:
+            assert hashlib.sha256(f.read()).hexdigest() == sums[name], name
+
+    labels = set(bc.APPLICATION_LABELS.values())
+    sentences = {}
+    for split in bc.SPLITS:
+        rows = _read_topics(split)
+        assert all(len(row) == 2 and row[0] in labels and row[1] == row[1].strip() and row[1] for row in rows)
+        sentences[split] = [sentence for _, sentence in rows]
+        assert len(set(sentences[split])) == len(rows), split  # Deduplicated.
+        assert all(bc.assign_split(s) == split for s in sentences[split])
+        if split != "train":
+            assert 1000 <= len(rows) <= 2000, (split, len(rows))
+            # Every label is in every split, with enough examples to evaluate.
+            counts = {label: sum(1 for row in rows if row[0] == label) for label in labels}
+            assert min(counts.values()) >= 40, counts
+    train, valid, test = (set(sentences[s]) for s in bc.SPLITS)
+    assert not train & valid and not train & test and not valid & test

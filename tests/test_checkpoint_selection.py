@@ -146,7 +146,7 @@ def test_best_is_kept_apart_from_the_rotation_and_survives_a_restart(tmp_path):
     assert os.listdir(best_checkpoint_dir(workdir)) == ["2"]
 
     restarted = Checkpointer(workdir, keep=1)
-    assert restarted.best() == BestScore(step=2, valid_bleu=9.0)
+    assert restarted.best() == BestScore(step=2, value=9.0)
     assert not restarted.save_if_best(4, _params(4), 9.0)  # A tie keeps the earlier step.
     params, selection = restarted.load_params("best", _abstract_params())
     assert selection.description == "best (step 2, valid BLEU 9.00)" and selection.step == 2
@@ -174,7 +174,7 @@ def test_best_replaces_a_later_stale_step(tmp_path):
     restarted.close()
     assert os.listdir(best_checkpoint_dir(workdir)) == ["4"]
     reread = Checkpointer(workdir, read_only=True)
-    assert reread.best() == BestScore(step=4, valid_bleu=11.0)
+    assert reread.best() == BestScore(step=4, value=11.0)
     params, _ = reread.load_params("best", _abstract_params())
     reread.close()
     jax.tree.map(np.testing.assert_array_equal, jax.device_get(params), _params(4))
@@ -229,7 +229,7 @@ def test_cli_evaluates_the_best_checkpoint(trained):
     result = _run_eval(config, workdir, "--checkpoint=best")
     assert result.returncode == 0, result.stderr[-3000:]
     scores = _scores(workdir)
-    assert scores["checkpoint"] == f"best (step {best.step}, valid BLEU {best.valid_bleu:.2f})"
+    assert scores["checkpoint"] == f"best (step {best.step}, valid BLEU {best.value:.2f})"
     assert scores["step"] == best.step
     # The kept parameters are those the rotation saved at that step.
     checkpointer = Checkpointer(workdir, read_only=True)

@@ -16,7 +16,10 @@ pytestmark = pytest.mark.slow
 
 
 def _run_check(*args: str) -> str:
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu")
+    # PYTHONPATH: the checkout under test, not whatever an editable install points to.
+    env = dict(
+        os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu", PYTHONPATH=REPO_ROOT
+    )
     result = subprocess.run(
         [sys.executable, os.path.join("tests", "multi_device_check.py"), *args],
         cwd=REPO_ROOT,
@@ -35,6 +38,12 @@ def test_every_layout_trains_like_one_device():
     output = _run_check("layouts")
     assert "layouts: ok" in output
     assert "jit 2 data x 4 tensor" in output and "pmap 8" in output
+
+
+def test_the_classifier_trains_in_every_layout_like_one_device():
+    """The encoder classifier: pmap, jit data / FSDP / tensor / accumulation agree in loss and predictions."""
+    output = _run_check("classifier")
+    assert "classifier: ok" in output and "classifier, jit 2 data x 4 tensor" in output
 
 
 def test_checkpoint_restores_onto_another_mesh(tmp_path):

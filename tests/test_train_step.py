@@ -12,7 +12,7 @@ from configs import default
 from training import loop, sharding
 from training.optimizer import make_optimizer, rsqrt_schedule
 from training.state import create_train_state, make_model
-from training.steps import compile_train_step, eval_step, smoothed_cross_entropy, train_step
+from training.steps import compile_train_step, eval_step, smoothed_cross_entropy, train_step, translation_loss
 
 
 def test_smoothed_cross_entropy_is_kl_to_smoothed_targets():
@@ -53,10 +53,9 @@ def _setup(grad_accumulation_steps=1, **model_overrides):
     step = jax.jit(
         functools.partial(
             train_step,
-            model=model,
+            loss_fn=functools.partial(translation_loss, model=model, label_smoothing=0.0),
             tx=tx,
             learning_rate_fn=schedule,
-            label_smoothing=0.0,
             grad_accumulation_steps=grad_accumulation_steps,
         )
     )
@@ -161,10 +160,9 @@ def _compiled_step(compilation: str, peak_learning_rate: float = 3e-3):
         mesh,
         config.mesh.rules,
         shardings,
-        model=model,
+        loss_fn=functools.partial(translation_loss, model=model, label_smoothing=0.1),
         tx=tx,
         learning_rate_fn=schedule,
-        label_smoothing=0.1,
     )
     return step, step.enter(loop.initial_state(config, model, tx, shardings))
 

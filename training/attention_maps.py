@@ -1,7 +1,7 @@
 """Attention maps: every head's attention weights for one sentence pair, drawn as labelled heat maps.
 
-`attention_weights` runs the teacher-forced model once and collects the weights that
-`MultiHeadAttention` sows; `attention_figures` draws one figure per (stack, layer, kind of
+`attention_weights` runs the teacher-forced model (or the encoder classifier) once and
+collects the weights that `MultiHeadAttention` sows; `attention_figures` draws one figure per (stack, layer, kind of
 attention) with one heat map per head; `save_attention_maps` writes those figures as PNG files
 and `write_attention_summaries` sends the same figures to TensorBoard.
 
@@ -25,10 +25,11 @@ from matplotlib.figure import Figure
 from matplotlib.font_manager import FontProperties
 
 from models import Transformer
+from models.classifier import Classifier
 from training.errors import UserInputError
 from training.metrics_writer import MetricWriter
 
-# SentencePiece's piece for bos_id: the first decoder input.
+# SentencePiece's piece for bos_id: the first decoder input, and the classifier's [CLS] token.
 BOS_PIECE = "<s>"
 
 # Up to this many tokens on an axis, heat map cells and tick labels keep their full size
@@ -61,10 +62,10 @@ _AXIS_LABELS = {
 
 
 @functools.partial(jax.jit, static_argnums=0)
-def _sown_attention_weights(model: Transformer, params, source_ids: jax.Array, target_ids: jax.Array):
-    """The 'intermediates' collection of a deterministic teacher-forced pass on [1, len] ids."""
+def _sown_attention_weights(model: Transformer | Classifier, params, *ids: jax.Array):
+    """The 'intermediates' collection of a deterministic pass on [1, len] ids (source, and target if any)."""
     # Linen modules hash and compare by their config, so equal models share one compiled pass.
-    _, state = model.apply({"params": params}, source_ids, target_ids, deterministic=True, mutable=["intermediates"])
+    _, state = model.apply({"params": params}, *ids, deterministic=True, mutable=["intermediates"])
     return state["intermediates"]
 
 
@@ -82,16 +83,18 @@ def _real_tokens(ids, pad_id: int, side: str, max_len: int) -> np.ndarray:
     return ids
 
 
-def attention_weights(model: Transformer, params, source_ids, target_ids) -> dict[str, np.ndarray]:
-    """Every attention head's weights for one sentence pair under teacher forcing.
+def attention_weights(model: Transformer | Classifier, params, source_ids, target_ids=None) -> dict[str, np.ndarray]:
+    """Every attention head's weights for one sentence pair under teacher forcing, or one classified sentence.
 
     Args:
-        model: the Transformer (its config gives the layer counts and pad/bos ids).
+        model: the Transformer (its config gives the layer counts and pad/bos ids), or the
+            encoder Classifier (then without `target_ids`; with 'cls' pooling the encoder
+            reads a [CLS] token first, and the maps have one more row and column, first).
         params: its 'params' collection (arrays on any device, or numpy arrays).
         source_ids: [src_len] int ids ending with eos; trailing padding is dropped.
         target_ids: [tgt_len] int ids ending with eos; trailing padding is dropped. The
             decoder reads bos followed by target_ids[:-1] (`shift_right`), so query i of the
-            decoder is the position that predicts target_ids[i].
+            decoder is the position that predicts target_ids[i]. None for the Classifier.
 
     Returns:
         Float32 attention probabilities of the real tokens, each row summing to 1, keyed
@@ -100,10 +103,16 @@ def attention_weights(model: Transformer, params, source_ids, target_ids) -> dic
         'decoder/layer_{i}/cross_attention' [heads, tgt_len, src_len], encoder layers first,
         then decoder layers, each in layer order.
     """
-    config = model.config
-    source_ids = _real_tokens(source_ids, config.pad_id, "source", config.max_len)
-    target_ids = _real_tokens(target_ids, config.pad_id, "target", config.max_len)
-    sown = _sown_attention_weights(model, params, source_ids[None], target_ids[None])
+    if isinstance(model, Classifier):
+        config = model.config.encoder
+        cls_token = int(model.config.pooling == "cls")
+        source_ids = _real_tokens(source_ids, config.pad_id, "source", config.max_len - cls_token)
+        sown = _sown_attention_weights(model, params, source_ids[None])
+    else:
+        config = model.config
+        source_ids = _real_tokens(source_ids, config.pad_id, "source", config.max_len)
+        target_ids = _real_tokens(target_ids, config.pad_id, "target", config.max_len)
+        sown = _sown_attention_weights(model, params, source_ids[None], target_ids[None])
     sown = jax.device_get(sown)
 
     def weights_of(stack: str, layer: int, kind: str) -> np.ndarray:

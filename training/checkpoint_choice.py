@@ -18,10 +18,24 @@ CHECKPOINT_CHOICES = "'latest', 'best', 'average:N' (the mean of the last N chec
 
 @dataclasses.dataclass(frozen=True)
 class BestScore:
-    """The step whose parameters have the highest validation BLEU so far."""
+    """The step whose parameters have the highest validation score so far."""
 
     step: int
-    valid_bleu: float
+    value: float
+    metric: str = "bleu"  # The validation score's name ('bleu', 'accuracy').
+
+    @property
+    def description(self) -> str:
+        """'valid BLEU 17.20', 'valid accuracy 0.8123'."""
+        if self.metric == "bleu":
+            return f"valid BLEU {self.value:.2f}"
+        return f"valid {self.metric} {self.value:.4f}"
+
+    @classmethod
+    def from_json(cls, score: dict) -> "BestScore":
+        if "valid_bleu" in score:  # Written before the metric was a parameter.
+            return cls(score["step"], score["valid_bleu"], "bleu")
+        return cls(**score)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,10 +67,10 @@ def resolve_choice(
         if best is None:
             raise UserInputError(
                 f"No best checkpoint in {best_directory}: it is kept during training when "
-                "validation BLEU is computed, so train with config.eval.num_bleu_sentences > 0, or choose "
-                f"{CHECKPOINT_CHOICES}."
+                "the validation score is computed (for translation: config.eval.num_bleu_sentences > 0), "
+                f"or choose {CHECKPOINT_CHOICES}."
             )
-        return Selection("best", (best.step,), f"best (step {best.step}, valid BLEU {best.valid_bleu:.2f})")
+        return Selection("best", (best.step,), f"best (step {best.step}, {best.description})")
     if text == "latest" or re.fullmatch(r"[0-9]+", text):
         if not steps:
             raise UserInputError(f"No complete checkpoint in {directory}; train first.")

@@ -1,4 +1,4 @@
-"""Orbax checkpoints: the train state by step and the best-BLEU parameters, verified when read back.
+"""Orbax checkpoints: the train state by step and the best parameters (by a validation score), verified.
 
 Layout under the workdir:
 
@@ -6,8 +6,9 @@ Layout under the workdir:
                                         Adam moments, step, base RNG key); 'data' the iterator position (JSON);
                                         'integrity' the fingerprint of every array (JSON, checkpoint_integrity).
   best_checkpoint/<step>/{state,score,integrity}  the parameters ({'params': ...}) of the step with the highest
-                                        validation BLEU so far and its {'step', 'valid_bleu'} (JSON); kept
-                                        apart from the rotation above, which may already have deleted it.
+                                        validation score so far (BLEU, accuracy: the task's) and its
+                                        {'step', 'value', 'metric'} (JSON); kept apart from the rotation
+                                        above, which may already have deleted it.
   averaged/<N>_<step>/{state,steps}     on request: the mean of the parameters of the N checkpoints up to
                                         <step> ({'params': ...}) and the steps averaged (JSON).
   damaged_checkpoints/<step>            a damaged step that training resumed past, moved out of the rotation.
@@ -104,7 +105,7 @@ class Checkpointer:
         return sorted(self._manager.all_steps())
 
     def best(self) -> BestScore | None:
-        """The step kept in best_checkpoint/ and its validation BLEU; None before any BLEU check."""
+        """The step kept in best_checkpoint/ and its validation score; None before any check."""
         return self._best
 
     # --- Saving -------------------------------------------------------------------------------------------
@@ -128,8 +129,10 @@ class Checkpointer:
             ),
         )
 
-    def save_if_best(self, step: int, params: Any, valid_bleu: float) -> bool:
-        """Keeps `params` in best_checkpoint/ if `valid_bleu` beats every earlier step's (a tie keeps the earlier).
+    def save_if_best(self, step: int, params: Any, score: float, metric: str = "bleu") -> bool:
+        """Keeps `params` in best_checkpoint/ if `score` beats every earlier step's (a tie keeps the earlier).
+
+        `score` is the validation `metric` (higher is better), e.g. BLEU or accuracy.
 
         The save is asynchronous; the previous best is deleted once it completes.
 
@@ -139,19 +142,19 @@ class Checkpointer:
         Raises:
             NonFiniteStateError: the score or the parameters are NaN or Inf (nothing is written or deleted).
         """
-        if not _is_finite(valid_bleu):
-            raise NonFiniteStateError(f"Refusing to keep step {step} as the best: its validation BLEU is {valid_bleu}.")
-        if self._best is not None and valid_bleu <= self._best.valid_bleu:
+        if not _is_finite(score):
+            raise NonFiniteStateError(f"Refusing to keep step {step} as the best: its validation {metric} is {score}.")
+        if self._best is not None and score <= self._best.value:
             return False
         tree = {"params": params}
         summary = _finite_summary(tree, f"Refusing to keep step {step} as the best: its parameters hold")
-        # After a restart a step can be evaluated again. Where its BLEU differs (nondeterministic
+        # After a restart a step can be evaluated again. Where its score differs (nondeterministic
         # accelerators, a changed eval config) a later or equal step may be on disk: Orbax neither
         # overwrites a step nor saves one older than its latest.
         for stale in self._best_manager.all_steps():
             if stale >= step:
                 self._best_manager.delete(stale)
-        self._best = BestScore(step, float(valid_bleu))
+        self._best = BestScore(step, float(score), metric)
         self._best_manager.save(
             step,
             args=ocp.args.Composite(
@@ -335,7 +338,7 @@ class Checkpointer:
             return None
         try:
             score = self._best_manager.restore(step, args=ocp.args.Composite(score=ocp.args.JsonRestore()))["score"]
-            return BestScore(**score)
+            return BestScore.from_json(score)
         except Exception as e:  # pylint: disable=broad-except  (any damage: the best is then unknown)
             logging.warning(
                 "The best checkpoint (step %d) in %s is damaged: %s; it counts as no best.",

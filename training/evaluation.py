@@ -187,9 +187,14 @@ def evaluate_split(
     for name, lines in (("hypotheses.txt", hypotheses), ("references.txt", text.targets)):
         with open(os.path.join(out_dir, name), "w", encoding="utf-8") as f:
             f.writelines(line.replace("\n", " ") + "\n" for line in lines)
-    with open(os.path.join(out_dir, "scores.json"), "w", encoding="utf-8") as f:
-        json.dump(scores, f, indent=2, allow_nan=False)
+    write_scores(scores, out_dir)
     return scores, hypotheses
+
+
+def write_scores(scores: dict, out_dir: str) -> None:
+    """Writes <out_dir>/scores.json: valid JSON, a NaN or infinite score null and named (`nulls_for_nonfinite`)."""
+    with open(os.path.join(out_dir, "scores.json"), "w", encoding="utf-8") as f:
+        json.dump(nulls_for_nonfinite(scores), f, indent=2, allow_nan=False)
 
 
 def nulls_for_nonfinite(scores: dict) -> dict:

@@ -17,12 +17,12 @@ from absl import logging
 
 from input_pipeline import tokenizer as tokenizer_lib
 from input_pipeline.batching import RaggedIds
-from input_pipeline.corpus import TOKENIZER_FILE
+from input_pipeline.corpus import TOKENIZER_FILE, Labels, load_labels
 from models import Transformer
 from training import evaluation, sharding
 from training.checkpointing import Checkpointer, Selection, checkpoint_dir
 from training.errors import UserInputError
-from training.state import init_boxed_params, make_model
+from training.state import init_boxed_params, is_classification, make_model
 
 CONFIG_FILE = "config.json"
 
@@ -60,6 +60,7 @@ class TrainedModel:
     tokenizer: spm.SentencePieceProcessor
     mesh: jax.sharding.Mesh
     selection: Selection  # Which checkpoint(s) the parameters come from.
+    labels: Labels | None = None  # A classifier's classes; None for translation.
 
 
 def load_trained_model(config: ml_collections.ConfigDict, workdir: str, checkpoint: str = "latest") -> TrainedModel:
@@ -85,8 +86,9 @@ def load_trained_model(config: ml_collections.ConfigDict, workdir: str, checkpoi
     if not os.path.exists(tokenizer_path):
         raise UserInputError(f"{tokenizer_path} does not exist: {workdir} holds no trained run.")
     tokenizer = tokenizer_lib.load_tokenizer(tokenizer_path)
+    labels = load_labels(workdir) if is_classification(config) else None
     mesh = sharding.make_mesh(config.mesh)
-    model = make_model(config, tokenizer.vocab_size())
+    model = make_model(config, tokenizer.vocab_size(), num_classes=len(labels.names) if labels else 0)
     # Parameters are restored straight onto their shards, as config.mesh.rules lay them out.
     boxed = jax.eval_shape(lambda: init_boxed_params(model, jax.random.PRNGKey(0)))
     abstract_params = sharding.with_shardings(
@@ -97,7 +99,7 @@ def load_trained_model(config: ml_collections.ConfigDict, workdir: str, checkpoi
         params, selection = checkpointer.load_params(checkpoint, abstract_params)
     finally:
         checkpointer.close()
-    return TrainedModel(model, params, tokenizer, mesh, selection)
+    return TrainedModel(model, params, tokenizer, mesh, selection, labels)
 
 
 def encode_sources(
@@ -154,6 +156,21 @@ def sentence_attention_figures(
     return attention_maps.attention_figures(
         weights, attention_maps.token_pieces(tokenizer, source_ids), attention_maps.token_pieces(tokenizer, target_ids)
     )
+
+
+def classifier_attention_figures(model, params, tokenizer: spm.SentencePieceProcessor, sentence: str) -> dict:
+    """Attention-map figures of the encoder Classifier for one sentence, every layer and head.
+
+    The sentence is cut to the subwords the model can encode (with <eos>); with 'cls'
+    pooling the first row and column are the [CLS] token (labelled '<s>').
+    """
+    from training import attention_maps  # pylint: disable=g-import-not-at-top  (matplotlib only when drawing)
+
+    cls_token = model.config.pooling == "cls"
+    ids = encode_sources(tokenizer, [sentence], model.config.encoder.max_len - int(cls_token))[0][0]
+    weights = attention_maps.attention_weights(model, params, ids)
+    pieces = attention_maps.token_pieces(tokenizer, ids)
+    return attention_maps.attention_figures(weights, [attention_maps.BOS_PIECE] * cls_token + pieces, [])
 
 
 def write_attention_summary(

@@ -1,6 +1,11 @@
-"""The training loop and checkpoint evaluation, as called by train.py."""
+"""The training loop and checkpoint evaluation, as called by train.py, for any task (`training.tasks`).
+
+Translation, the default task, is defined here (`TranslationTask`); classification in
+training/classification.py. config.task picks one.
+"""
 
 import contextlib
+import dataclasses
 import functools
 import math
 import os
@@ -18,12 +23,14 @@ from input_pipeline.corpus import Corpus, load_corpus
 from input_pipeline.datasets import TextPairs
 from training import divergence, evaluation, preemption, sharding
 from training.checkpointing import Checkpointer, averaged_checkpoint_dir, save_params
+from training.classification import ClassificationTask
 from training.errors import TrainingStopped, UserInputError
 from training.inference import load_trained_model, save_config, write_attention_summary
 from training.metrics_writer import MetricWriter
 from training.optimizer import make_optimizer
-from training.state import TrainState, create_train_state, make_model
-from training.steps import compile_train_step, eval_step
+from training.state import TrainState, create_train_state, is_classification, make_model
+from training.steps import LossFn, compile_train_step, eval_step, translation_loss
+from training.tasks import Task
 
 
 def batch_sizes(
@@ -50,17 +57,16 @@ def initial_state(config: ml_collections.ConfigDict, model, tx, shardings: Train
     return jax.jit(lambda: create_train_state(model, tx, config.seed), out_shardings=shardings)()
 
 
-def configured_train_step(config: ml_collections.ConfigDict, model, tx, learning_rate_fn, mesh, shardings):
-    """The train step as config asks for it (jit or pmap, micro-batches), compiled for `mesh` and `shardings`."""
+def configured_train_step(config: ml_collections.ConfigDict, loss_fn: LossFn, tx, learning_rate_fn, mesh, shardings):
+    """The train step of `loss_fn` as config asks for it (jit or pmap, micro-batches), for `mesh` and `shardings`."""
     return compile_train_step(
         config.step_compilation,
         mesh,
         config.mesh.rules,
         shardings,
-        model=model,
+        loss_fn=loss_fn,
         tx=tx,
         learning_rate_fn=learning_rate_fn,
-        label_smoothing=config.optimizer.label_smoothing,
         grad_accumulation_steps=config.grad_accumulation_steps,
     )
 
@@ -92,6 +98,51 @@ def _evaluation_dir(workdir: str, split: str) -> str:
     return os.path.join(workdir, "eval", split)
 
 
+class TranslationTask:
+    """Translation: the encoder-decoder on sentence pairs, kept best by validation BLEU (see training.tasks)."""
+
+    keep_best_metric = "bleu"
+
+    def load_data(self, config, workdir: str, splits: tuple[str, ...], *, allow_training_tokenizer: bool) -> Corpus:
+        return load_corpus(config, workdir, splits, allow_training_tokenizer=allow_training_tokenizer)
+
+    def make_model(self, config, data: Corpus):
+        return make_model(config, data.tokenizer.vocab_size())
+
+    def loss_fn(self, config, model) -> LossFn:
+        return functools.partial(translation_loss, model=model, label_smoothing=config.optimizer.label_smoothing)
+
+    def evaluator(self, config, model, data: Corpus, mesh, batch_sizes: dict[int, int]) -> "TranslationEvaluator":
+        del batch_sizes  # eval_setup sizes its batches itself (translate.py shares it).
+        return TranslationEvaluator(config, model, data, eval_setup(config, model, data.tokenizer, mesh))
+
+
+@dataclasses.dataclass(frozen=True)
+class TranslationEvaluator:
+    """Validation loss and BLEU on the first config.eval.num_bleu_sentences pairs; the full evaluation of a split."""
+
+    config: ml_collections.ConfigDict
+    model: object
+    corpus: Corpus
+    setup: evaluation.EvalSetup
+
+    def validate(self, params) -> dict[str, float]:
+        split = self.config.dataset.valid_split
+        valid = evaluation.loss_metrics(self.setup, params, self.corpus.ids[split])
+        if self.config.eval.num_bleu_sentences:
+            text, ids = _head(self.corpus.text[split], self.corpus.ids[split], self.config.eval.num_bleu_sentences)
+            valid["bleu"], _ = evaluation.bleu(evaluation.translate(self.setup, params, ids), text.targets)
+        return valid
+
+    def evaluate(self, params, step: int, checkpoint: str, workdir: str) -> dict:
+        return _evaluate(self.config, self.setup, self.model, params, step, checkpoint, self.corpus, workdir)
+
+
+def make_task(config: ml_collections.ConfigDict) -> Task:
+    """The task config.task names: 'translation' (the default) or 'classification'."""
+    return ClassificationTask() if is_classification(config) else TranslationTask()
+
+
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
     """Trains (resuming from the workdir's latest checkpoint), then evaluates config.eval.split.
 
@@ -103,12 +154,13 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
             training/preemption.py), or a step was not finite (config.nonfinite:
             training/divergence.py).
     """
+    task = make_task(config)
     dataset = config.dataset
     splits = tuple(dict.fromkeys((dataset.train_split, dataset.valid_split, config.eval.split)))
-    corpus = load_corpus(config, workdir, splits, allow_training_tokenizer=True)
+    corpus = task.load_data(config, workdir, splits, allow_training_tokenizer=True)
     mesh = sharding.make_mesh(config.mesh)
     logging.info("Mesh %s, %s step.", dict(mesh.shape), config.step_compilation)
-    model = make_model(config, corpus.tokenizer.vocab_size())
+    model = task.make_model(config, corpus)
     tx, learning_rate_fn = make_optimizer(config.optimizer)
     shardings = state_shardings(config, model, tx, mesh)
     checkpointer = Checkpointer(workdir, keep=config.keep_checkpoints)
@@ -131,10 +183,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
         data_state,
         rows=functools.partial(sharding.process_rows, mesh=mesh, rules=config.mesh.rules),
     )
-    train_step = configured_train_step(config, model, tx, learning_rate_fn, mesh, shardings)
-    setup = eval_setup(config, model, corpus.tokenizer, mesh)
-    bleu_text, bleu_ids = _head(
-        corpus.text[dataset.valid_split], corpus.ids[dataset.valid_split], config.eval.num_bleu_sentences
+    train_step = configured_train_step(config, task.loss_fn(config, model), tx, learning_rate_fn, mesh, shardings)
+    evaluator = task.evaluator(
+        config, model, corpus, mesh, batch_sizes(config, config.eval.per_device_batch_size, mesh)
     )
     train_writer, valid_writer = MetricWriter(workdir, "train"), MetricWriter(workdir, "valid")
 
@@ -179,15 +230,17 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
             if evaluate:
                 jax.block_until_ready(state)  # Steps still running count as training time.
                 eval_start = time.perf_counter()
-                valid = evaluation.loss_metrics(setup, state.params, corpus.ids[dataset.valid_split])
-                if config.eval.num_bleu_sentences:
-                    hypotheses = evaluation.translate(setup, state.params, bleu_ids)
-                    valid["bleu"], _ = evaluation.bleu(hypotheses, bleu_text.targets)
-                    # Finite parameters can still give a non-finite loss (the skipped steps of a diverging run).
-                    if math.isfinite(valid["loss"]) and checkpointer.save_if_best(step, state.params, valid["bleu"]):
-                        logging.info(
-                            "Step %d has the best validation BLEU so far (%.2f): kept apart.", step, valid["bleu"]
-                        )
+                valid = evaluator.validate(state.params)
+                metric = task.keep_best_metric
+                # Finite parameters can still give a non-finite loss (the skipped steps of a diverging run).
+                if (
+                    metric in valid
+                    and math.isfinite(valid["loss"])
+                    and checkpointer.save_if_best(step, state.params, valid[metric], metric)
+                ):
+                    logging.info(
+                        "Step %d has the best validation %s so far (%.4g): kept apart.", step, metric, valid[metric]
+                    )
                 valid_writer.write(step, valid)
                 interval_start += time.perf_counter() - eval_start  # Evaluation is not training time.
             if save:
@@ -197,7 +250,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
     checkpointer.wait_until_finished()
 
     description = f"step {int(state.step)}"
-    scores = _evaluate(config, setup, model, state.params, int(state.step), description, corpus, workdir)
+    scores = evaluator.evaluate(state.params, int(state.step), description, workdir)
     for writer in (train_writer, valid_writer):
         writer.close()
     checkpointer.close()
@@ -311,7 +364,7 @@ def evaluate_checkpoint(
     Args:
         config: the run's config.
         workdir: the run's workdir.
-        checkpoint: 'latest', 'best' (the highest validation BLEU during training), 'average:N' (the
+        checkpoint: 'latest', 'best' (the best validation score during training), 'average:N' (the
             mean of the parameters of the last N checkpoints) or a step.
         save_average: with 'average:N', also save the mean parameters in <workdir>/averaged/<N>_<step>/.
 
@@ -322,6 +375,7 @@ def evaluate_checkpoint(
         UserInputError: the workdir holds no checkpoint (nothing is written then), the choice is
             malformed or names checkpoints the workdir lacks, or a checkpoint does not fit the config's model.
     """
+    task = make_task(config)
     if save_average and not checkpoint.strip().lower().startswith("average:"):
         raise UserInputError(f"Saving an average needs the checkpoint choice 'average:N', not {checkpoint!r}.")
     trained = load_trained_model(config, workdir, checkpoint)  # Before the corpus is read: errors come fast.
@@ -330,8 +384,7 @@ def evaluate_checkpoint(
         path = averaged_checkpoint_dir(workdir, selection.steps)
         save_params(path, trained.params, selection.steps)
         logging.info("Saved the %s in %s.", selection.description, path)
-    corpus = load_corpus(config, workdir, (config.eval.split,), allow_training_tokenizer=False)
-    setup = eval_setup(config, trained.model, trained.tokenizer, trained.mesh)
-    return _evaluate(
-        config, setup, trained.model, trained.params, selection.step, selection.description, corpus, workdir
-    )
+    corpus = task.load_data(config, workdir, (config.eval.split,), allow_training_tokenizer=False)
+    sizes = batch_sizes(config, config.eval.per_device_batch_size, trained.mesh)
+    evaluator = task.evaluator(config, trained.model, corpus, trained.mesh, sizes)
+    return evaluator.evaluate(trained.params, selection.step, selection.description, workdir)

@@ -1,5 +1,6 @@
 """The train state (a pytree) and the model built from a config."""
 
+import dataclasses
 from typing import Any
 
 import flax
@@ -11,6 +12,9 @@ import optax
 
 from input_pipeline.tokenizer import BOS_ID, PAD_ID
 from models import Transformer, TransformerConfig
+from models.classifier import Classifier, ClassifierConfig
+
+Model = Transformer | Classifier
 
 
 @flax.struct.dataclass
@@ -23,47 +27,57 @@ class TrainState:
     rng: jax.Array  # [2] uint32, the base key that step keys fold in from.
 
 
-def make_model(config: ml_collections.ConfigDict, vocab_size: int) -> Transformer:
-    """The Transformer described by config.model, for a vocabulary of `vocab_size`."""
+def is_classification(config: ml_collections.ConfigDict) -> bool:
+    """Whether config.task is 'classification' (configs written before tasks existed translate)."""
+    return config.get("task", "translation") == "classification"
+
+
+def make_model(config: ml_collections.ConfigDict, vocab_size: int, num_classes: int = 0) -> Model:
+    """The model config.task asks for, described by config.model, for a vocabulary of `vocab_size`.
+
+    'translation': the encoder-decoder Transformer; 'classification': the encoder
+    Classifier over `num_classes` classes (config.model's decoder fields unused).
+    """
     model = config.model
-    return Transformer(
-        TransformerConfig(
-            vocab_size=vocab_size,
-            d_model=model.d_model,
-            num_heads=model.num_heads,
-            d_ff=model.d_ff,
-            num_encoder_layers=(model.num_encoder_layers if model.num_encoder_layers > 0 else model.num_layers),
-            num_decoder_layers=(model.num_decoder_layers if model.num_decoder_layers > 0 else model.num_layers),
-            dropout_rate=model.dropout_rate,
-            attention_dropout_rate=model.attention_dropout_rate,
-            positional_encoding=model.positional_encoding,
-            max_len=model.max_len,
-            norm_placement=model.norm_placement,
-            tie_embeddings=model.tie_embeddings,
-            dtype=model.dtype,
-            pad_id=PAD_ID,
-            bos_id=BOS_ID,
-        )
+    transformer_config = TransformerConfig(
+        vocab_size=vocab_size,
+        d_model=model.d_model,
+        num_heads=model.num_heads,
+        d_ff=model.d_ff,
+        num_encoder_layers=(model.num_encoder_layers if model.num_encoder_layers > 0 else model.num_layers),
+        num_decoder_layers=(model.num_decoder_layers if model.num_decoder_layers > 0 else model.num_layers),
+        dropout_rate=model.dropout_rate,
+        attention_dropout_rate=model.attention_dropout_rate,
+        positional_encoding=model.positional_encoding,
+        max_len=model.max_len,
+        norm_placement=model.norm_placement,
+        tie_embeddings=model.tie_embeddings,
+        dtype=model.dtype,
+        pad_id=PAD_ID,
+        bos_id=BOS_ID,
     )
+    if is_classification(config):
+        encoder = dataclasses.replace(transformer_config, num_decoder_layers=0)
+        return Classifier(ClassifierConfig(encoder, num_classes, model.pooling))
+    return Transformer(transformer_config)
 
 
-def init_boxed_params(model: Transformer, rng: jax.Array) -> Any:
+def init_boxed_params(model: Model, rng: jax.Array) -> Any:
     """Float32 parameters in flax `LogicallyPartitioned` boxes naming each dimension's logical axis.
 
     Shapes do not depend on the dummy sequence lengths.
     """
     dummy = jnp.ones((1, 2), jnp.int32)
-    return model.init({"params": rng}, dummy, dummy, deterministic=True)["params"]
+    sequences = (dummy,) if isinstance(model, Classifier) else (dummy, dummy)  # Classifier: no target.
+    return model.init({"params": rng}, *sequences, deterministic=True)["params"]
 
 
-def init_params(model: Transformer, rng: jax.Array) -> Any:
+def init_params(model: Model, rng: jax.Array) -> Any:
     """Float32 parameters of `model`: a plain pytree of arrays (the checkpointed layout)."""
     return nn.unbox(init_boxed_params(model, rng))
 
 
-def create_train_state(
-    model: Transformer, tx: optax.GradientTransformation, seed: int, *, boxed: bool = False
-) -> TrainState:
+def create_train_state(model: Model, tx: optax.GradientTransformation, seed: int, *, boxed: bool = False) -> TrainState:
     """A fresh state: parameters from `seed`, Adam moments at zero, step 0.
 
     With `boxed`, parameters and the optimizer moments derived from them stay in

@@ -1,6 +1,9 @@
 """Pure train and eval steps: teacher forcing and label-smoothed cross-entropy.
 
-Both are plain functions of pytrees with no host-side state. `compile_train_step`
+Both are plain functions of pytrees with no host-side state. The train step takes
+its loss as a function of (params, batch, rng) (`LossFn`), chosen by the task:
+`translation_loss` here, `training.classification.classification_loss` for the
+encoder classifier. `compile_train_step`
 compiles the train step with `jax.jit` over a device mesh (the batch, parameters
 and optimizer state sharded as training/sharding.py lays them out) or with
 `jax.pmap`; either way it equals the one-device step up to rounding.
@@ -22,7 +25,11 @@ from models import Transformer
 from training import sharding
 from training.state import TrainState
 
-Batch = dict[str, jax.Array]  # 'inputs', 'targets': [batch, length] int32
+Batch = dict[str, jax.Array]  # Translation: 'inputs', 'targets' [batch, length] int32.
+# (params, batch, dropout rng) -> (summed loss to differentiate, sums of 'loss', 'nll', 'correct', 'tokens').
+# Sums, not means: they add up across micro-batches and devices; 'tokens' is what the
+# train step divides them by (target tokens, or examples for classification).
+LossFn = Callable[[Any, Batch, jax.Array], tuple[jax.Array, dict[str, jax.Array]]]
 
 
 def _token_losses(logits: jax.Array, targets: jax.Array, label_smoothing: float) -> tuple[jax.Array, jax.Array]:
@@ -60,9 +67,18 @@ def smoothed_cross_entropy(logits: jax.Array, targets: jax.Array, label_smoothin
     return _token_losses(logits, targets, label_smoothing)[1]
 
 
-def token_metrics(logits: jax.Array, targets: jax.Array, label_smoothing: float) -> dict[str, jax.Array]:
-    """Sums over non-padding tokens: 'loss' (smoothed), 'nll', 'correct', 'tokens'."""
-    weights = (targets != PAD_ID).astype(jnp.float32)
+def weighted_metrics(
+    logits: jax.Array, targets: jax.Array, weights: jax.Array, label_smoothing: float
+) -> dict[str, jax.Array]:
+    """Weighted sums: 'loss' (smoothed), 'nll', 'correct' (argmax == target) and 'tokens' (the weights).
+
+    Args:
+        logits: [..., classes] float32.
+        targets: [...] int32 class ids (tokens, or labels).
+        weights: [...] 1 for what counts, 0 for padding.
+        label_smoothing: in [0, 1).
+    """
+    weights = weights.astype(jnp.float32)
     nll, loss = _token_losses(logits, targets, label_smoothing)
     correct = (jnp.argmax(logits, axis=-1) == targets).astype(jnp.float32)
     return {
@@ -73,23 +89,31 @@ def token_metrics(logits: jax.Array, targets: jax.Array, label_smoothing: float)
     }
 
 
-def _summed_loss_grads(
+def token_metrics(logits: jax.Array, targets: jax.Array, label_smoothing: float) -> dict[str, jax.Array]:
+    """Sums over non-padding tokens: 'loss' (smoothed), 'nll', 'correct', 'tokens'."""
+    return weighted_metrics(logits, targets, targets != PAD_ID, label_smoothing)
+
+
+def translation_loss(
     params: Any, batch: Batch, rng: jax.Array, *, model: Transformer, label_smoothing: float
+) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """The `LossFn` of translation: teacher-forced, label-smoothed, summed over target tokens."""
+    logits = model.apply(
+        {"params": params}, batch["inputs"], batch["targets"], deterministic=False, rngs={"dropout": rng}
+    )
+    sums = token_metrics(logits, batch["targets"], label_smoothing)
+    return sums["loss"], sums
+
+
+def _summed_loss_grads(
+    params: Any, batch: Batch, rng: jax.Array, *, loss_fn: LossFn
 ) -> tuple[Any, dict[str, jax.Array]]:
-    """Gradient of the batch's summed (not averaged) smoothed loss, and the batch's metric sums.
+    """Gradient of the batch's summed (not averaged) loss, and the batch's metric sums.
 
     Sums, unlike means, add up across micro-batches and devices whatever their token
     counts; the caller divides by the total tokens once.
     """
-
-    def summed_loss(params):
-        logits = model.apply(
-            {"params": params}, batch["inputs"], batch["targets"], deterministic=False, rngs={"dropout": rng}
-        )
-        sums = token_metrics(logits, batch["targets"], label_smoothing)
-        return sums["loss"], sums
-
-    return jax.grad(summed_loss, has_aux=True)(params)
+    return jax.grad(loss_fn, has_aux=True)(params, batch, rng)
 
 
 def _accumulated_loss_grads(
@@ -124,10 +148,9 @@ def train_step(
     batch: Batch,
     rng: jax.Array,
     *,
-    model: Transformer,
+    loss_fn: LossFn,
     tx: optax.GradientTransformation,
     learning_rate_fn: optax.Schedule,
-    label_smoothing: float,
     grad_accumulation_steps: int = 1,
     axis_name: str | None = None,
 ) -> tuple[TrainState, dict[str, jax.Array]]:
@@ -143,11 +166,12 @@ def train_step(
 
     Args:
         state: the current TrainState.
-        batch: 'inputs' (source) and 'targets' (target), [batch, length] int32,
-            0-padded, each sentence ending with <eos>. Under `pmap`, this device's share.
+        batch: what `loss_fn` reads, e.g. 'inputs' (source) and 'targets' (target),
+            [batch, length] int32, 0-padded, each sentence ending with <eos>. Under
+            `pmap`, this device's share.
         rng: the dropout key of this step.
-        model, tx, learning_rate_fn, label_smoothing: static; bind with
-            functools.partial before compiling.
+        loss_fn, tx, learning_rate_fn: static; bind with functools.partial before
+            compiling. `loss_fn` is the task's (`translation_loss` for translation).
         grad_accumulation_steps: micro-batches per update; must divide the batch.
         axis_name: the `pmap` axis to sum gradients and metrics over; None under
             `jit` (there the arrays are global and the sums already are).
@@ -165,8 +189,7 @@ def train_step(
         batch,
         rng,
         num_micro_batches=grad_accumulation_steps,
-        model=model,
-        label_smoothing=label_smoothing,
+        loss_fn=loss_fn,
     )
     if axis_name is not None:
         grads, sums = lax.psum((grads, sums), axis_name)
@@ -226,7 +249,7 @@ class CompiledTrainStep:
     """
 
     run: Callable  # (state in the step's layout, placed batch, rng) -> (state, metrics)
-    place_batch: Callable  # {'inputs', 'targets'}: host [batch, length] -> the step's input
+    place_batch: Callable  # host batch ({'inputs', 'targets'}: [batch, length]) -> the step's input
     enter: Callable  # TrainState on the mesh -> the step's layout
     leave: Callable  # the step's layout -> TrainState on the mesh
 
@@ -240,10 +263,9 @@ def compile_train_step(
     rules: sharding.LogicalRules,
     state_shardings: Any,
     *,
-    model: Transformer,
+    loss_fn: LossFn,
     tx: optax.GradientTransformation,
     learning_rate_fn: optax.Schedule,
-    label_smoothing: float,
     grad_accumulation_steps: int = 1,
 ) -> CompiledTrainStep:
     """`train_step` compiled as `compilation` says, its static arguments bound, the old state donated.
@@ -258,10 +280,9 @@ def compile_train_step(
     """
     step = functools.partial(
         train_step,
-        model=model,
+        loss_fn=loss_fn,
         tx=tx,
         learning_rate_fn=learning_rate_fn,
-        label_smoothing=label_smoothing,
         grad_accumulation_steps=grad_accumulation_steps,
     )
     if compilation == "pmap":

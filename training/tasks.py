@@ -1,0 +1,68 @@
+"""The seam between the training loop and a task (translation, classification).
+
+The loop (training/loop.py) trains and evaluates any task the same way: the same
+state, optimizer, compiled train step, length-bucketed restorable batches,
+checkpoints, keep-best and metrics. What differs is asked of a `Task`: its data,
+its model, its loss, and how its parameters are validated and evaluated.
+`training.loop.TranslationTask` and `training.classification.ClassificationTask`
+implement it; `config.task` picks one.
+"""
+
+from typing import Any, Protocol
+
+import jax
+import ml_collections
+import sentencepiece as spm
+
+from input_pipeline.batching import Examples
+from training.steps import LossFn
+
+
+class Data(Protocol):
+    """The splits a run needs, tokenized with the workdir's tokenizer."""
+
+    tokenizer: spm.SentencePieceProcessor
+    ids: dict[str, Examples]  # split -> examples the batching reads (lengths, padded batches)
+
+
+class Evaluator(Protocol):
+    """Validation during training and the final evaluation of a split, for one model and its data."""
+
+    def validate(self, params: Any) -> dict[str, float]:
+        """Scores on the validation split, with the task's `keep_best_metric` when it is computed."""
+
+    def evaluate(self, params: Any, step: int, checkpoint: str, workdir: str) -> dict:
+        """Evaluates config.eval.split: writes <workdir>/eval/<split>/ (scores.json, ...) and returns the scores."""
+
+
+class Task(Protocol):
+    """What the loop needs from a task."""
+
+    # The validation score that picks best_checkpoint/ (higher is better), e.g. 'bleu' or 'accuracy'.
+    keep_best_metric: str
+
+    def load_data(
+        self,
+        config: ml_collections.ConfigDict,
+        workdir: str,
+        splits: tuple[str, ...],
+        *,
+        allow_training_tokenizer: bool,
+    ) -> Data:
+        """The splits, with the workdir's tokenizer (trained on the first run when allowed)."""
+
+    def make_model(self, config: ml_collections.ConfigDict, data: Data) -> Any:
+        """The flax module config.model describes, sized for `data` (vocabulary, classes)."""
+
+    def loss_fn(self, config: ml_collections.ConfigDict, model: Any) -> LossFn:
+        """The train step's loss of (params, batch, rng)."""
+
+    def evaluator(
+        self,
+        config: ml_collections.ConfigDict,
+        model: Any,
+        data: Data,
+        mesh: jax.sharding.Mesh,
+        batch_sizes: dict[int, int],
+    ) -> Evaluator:
+        """Validation and evaluation of `model` on `data`, in eval batches of `batch_sizes` (per bucket)."""

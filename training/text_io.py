@@ -1,0 +1,57 @@
+"""Reading and writing the text of the command-line tools (translate.py, classify.py), with one-line errors."""
+
+import sys
+from collections.abc import Callable
+
+from input_pipeline.parallel_text import decode_lines
+from training import io_errors
+from training.errors import UserInputError
+
+
+def run_command(command: Callable[[], None], output_folder: str | None) -> None:
+    """Runs a command-line tool's work; an error the user can act on is one `error:` line and exit status 2.
+
+    Args:
+        command: the tool's work.
+        output_folder: where it writes (named when a storage error does not say which file failed);
+            None: its standard output.
+    """
+    try:
+        command()
+    except Exception as e:  # pylint: disable=broad-except
+        if (message := io_errors.user_error_message(e, output_folder, elsewhere="write elsewhere")) is None:
+            raise
+        print(f"error: {message}", file=sys.stderr)
+        sys.exit(2)
+
+
+def read_input_lines(path: str | None) -> list[str]:
+    """The lines of `path`, or of stdin when `path` is None, alike: bytes decoded as strict UTF-8.
+
+    Raises:
+        UserInputError: the file cannot be read, or a line is not UTF-8 (named by its number).
+    """
+    try:
+        if path is None:
+            return decode_lines(sys.stdin.buffer.read(), "stdin")
+        with open(path, "rb") as f:
+            return decode_lines(f.read(), f"--input={path}")
+    except OSError as e:
+        raise UserInputError(f"Cannot read --input={path}: {e}") from None
+
+
+def write_output_lines(lines: list[str], path: str | None) -> None:
+    """Writes one line per entry to `path` (UTF-8), or to stdout when `path` is None.
+
+    Raises:
+        UserInputError: the file cannot be written (a missing folder, no permission, a full disk).
+    """
+    text = "".join(line + "\n" for line in lines)
+    if path is None:
+        sys.stdout.write(text)
+        return
+    try:
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(text)
+    except OSError as e:
+        raise UserInputError(f"Cannot write --output={path}: {e}") from None
