@@ -36,7 +36,7 @@ flags.mark_flags_as_required(["workdir"])
 
 def classify(workdir: str) -> None:
     from configs.validation import validate_config  # pylint: disable=g-import-not-at-top  (JAX starts here)
-    from training import classification, inference, loop, text_io  # pylint: disable=g-import-not-at-top
+    from training import classification, inference, sharding, text_io  # pylint: disable=g-import-not-at-top
     from training.state import is_classification  # pylint: disable=g-import-not-at-top
 
     config = _CONFIG.value if _CONFIG.value is not None else inference.load_config(workdir)
@@ -49,7 +49,7 @@ def classify(workdir: str) -> None:
     lines = text_io.read_input_lines(_INPUT.value)
     trained = inference.load_trained_model(config, workdir, _CHECKPOINT.value)
     logging.info("Classifying %d lines: %s.", len(lines), trained.selection.description)
-    sizes = loop.batch_sizes(config, config.eval.per_device_batch_size, trained.mesh)
+    sizes = sharding.batch_sizes(config, config.eval.per_device_batch_size, trained.mesh)
     setup = classification.predict_setup(config, trained.model, trained.mesh, sizes)
     results = classification.classify_lines(setup, trained.params, trained.tokenizer, lines, config.dataset.max_length)
     if _ATTENTION_MAPS.value:

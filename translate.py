@@ -76,7 +76,7 @@ def _draw_attention_maps(trained, lines: list[str], translations: list[str], out
 
 
 def translate(workdir: str) -> None:
-    from training import evaluation, inference, loop, text_io  # pylint: disable=g-import-not-at-top  (JAX starts here)
+    from training import evaluation, inference, text_io, translation  # pylint: disable=g-import-not-at-top  (JAX starts here)
 
     config = _CONFIG.value if _CONFIG.value is not None else inference.load_config(workdir)
     if config.get("task", "translation") != "translation":
@@ -87,7 +87,7 @@ def translate(workdir: str) -> None:
     trained = inference.load_trained_model(config, workdir, _CHECKPOINT.value)
     decoding = evaluation.describe_decoding(config.eval)
     logging.info("Translating %d lines: %s, %s.", len(lines), trained.selection.description, decoding)
-    setup = loop.eval_setup(config, trained.model, trained.tokenizer, trained.mesh)
+    setup = translation.eval_setup(config, trained.model, trained.tokenizer, trained.mesh)
     translations = inference.translate_lines(setup, trained.params, sources, config.dataset.max_length)
     if _ATTENTION_MAPS.value:
         _draw_attention_maps(trained, lines, translations, _ATTENTION_MAPS.value)

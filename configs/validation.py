@@ -58,7 +58,7 @@ _MODEL_DIMENSIONS = {
 
 
 # Fields that configs (and workdirs' config.json) written before they existed lack.
-_DEFAULTS = {"task": "translation", "model.pooling": "mean"}
+_DEFAULTS = {"task": "translation", "model.pooling": "mean", "nonfinite": "stop", "max_nonfinite_in_a_row": 10}
 
 
 def _get(config: ml_collections.ConfigDict, dotted: str):

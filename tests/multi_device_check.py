@@ -28,7 +28,7 @@ from configs import default
 from input_pipeline.batching import IteratorState, RaggedIds
 from input_pipeline.tokenizer import BOS_ID, EOS_ID
 from models.decoding import greedy_decode
-from training import classification, loop, sharding
+from training import classification, loop, sharding, tasks
 from training.checkpointing import Checkpointer
 from training.optimizer import make_optimizer
 from training.state import make_model
@@ -114,7 +114,7 @@ def _train(compilation, data, fsdp, tensor, micro_batches, devices, batches, tas
         mesh,
         config.mesh.rules,
         shardings,
-        loss_fn=loop.make_task(config).loss_fn(config, model),
+        loss_fn=tasks.make_task(config).loss_fn(config, model),
         tx=tx,
         learning_rate_fn=schedule,
         grad_accumulation_steps=micro_batches,

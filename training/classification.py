@@ -22,7 +22,7 @@ from input_pipeline import batching
 from input_pipeline.corpus import LabelledCorpus, load_labelled_corpus
 from input_pipeline.tokenizer import PAD_ID
 from models.classifier import Classifier
-from training import attention_maps, classification_metrics, distributed, evaluation
+from training import classification_metrics, distributed, evaluation, sharding
 from training.inference import classifier_attention_figures, encode_sources
 from training.metrics_writer import MetricWriter
 from training.sharding import process_rows, shard_batch
@@ -149,6 +149,11 @@ class ClassificationEvaluator:
             scores["majority_accuracy"],
             scores["loss"],
         )
+        # The encoder's attention maps of the split's first sentence, as for translation: every process
+        # runs the model on the global parameters, process 0 writes.
+        figures = (
+            classifier_attention_figures(self.model, params, self.corpus.tokenizer, text.texts[0]) if len(text) else {}
+        )
         if not distributed.is_main_process():
             return scores
         out_dir = os.path.join(workdir, "eval", split)
@@ -163,9 +168,10 @@ class ClassificationEvaluator:
         figure = classification_metrics.confusion_matrix_figure(confusion, list(labels.names), title)
         figure.savefig(os.path.join(out_dir, CONFUSION_MATRIX_FILE))
         evaluation.write_scores(scores, out_dir)
-        if len(text):  # The encoder's attention maps of the split's first sentence, as for translation.
+        if figures:
+            from training import attention_maps  # pylint: disable=g-import-not-at-top  (matplotlib only when drawing)
+
             writer = MetricWriter(workdir, f"eval_{split}")
-            figures = classifier_attention_figures(self.model, params, self.corpus.tokenizer, text.texts[0])
             attention_maps.write_attention_summaries(writer, step, figures)
             writer.close()
         return scores
@@ -185,8 +191,9 @@ class ClassificationTask:
     def loss_fn(self, config, model: Classifier) -> LossFn:
         return functools.partial(classification_loss, model=model, label_smoothing=config.optimizer.label_smoothing)
 
-    def evaluator(self, config, model: Classifier, data: LabelledCorpus, mesh, batch_sizes) -> ClassificationEvaluator:
-        return ClassificationEvaluator(config, model, data, predict_setup(config, model, mesh, batch_sizes))
+    def evaluator(self, config, model: Classifier, data: LabelledCorpus, mesh) -> ClassificationEvaluator:
+        sizes = sharding.batch_sizes(config, config.eval.per_device_batch_size, mesh)
+        return ClassificationEvaluator(config, model, data, predict_setup(config, model, mesh, sizes))
 
 
 def classify_lines(

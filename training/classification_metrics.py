@@ -4,9 +4,12 @@ Conventions: class ids 0..num_classes-1; confusion[i, j] counts examples of true
 predicted as class j (rows: truth, columns: prediction).
 """
 
+from typing import TYPE_CHECKING
+
 import numpy as np
-from matplotlib.backends.backend_agg import FigureCanvasAgg
-from matplotlib.figure import Figure
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 
 def confusion_matrix(labels: np.ndarray, predictions: np.ndarray, num_classes: int) -> np.ndarray:
@@ -37,7 +40,7 @@ def scores(confusion: np.ndarray) -> dict[str, float]:
     }
 
 
-def confusion_matrix_figure(confusion: np.ndarray, class_names: list[str], title: str) -> Figure:
+def confusion_matrix_figure(confusion: np.ndarray, class_names: list[str], title: str) -> "Figure":
     """A labelled heat map of `confusion`, each row normalised to the share of its true class, counts written in.
 
     The colour is the row share (recall of the diagonal), so small and large classes read alike;
@@ -45,6 +48,10 @@ def confusion_matrix_figure(confusion: np.ndarray, class_names: list[str], title
     """
     num_classes = len(class_names)
     size = 1.2 + 0.75 * num_classes
+    # matplotlib only when drawing: training and inference never import it otherwise.
+    from matplotlib.backends.backend_agg import FigureCanvasAgg  # pylint: disable=g-import-not-at-top
+    from matplotlib.figure import Figure  # pylint: disable=g-import-not-at-top
+
     figure = Figure(figsize=(size + 1.6, size + 0.4), dpi=100, layout="constrained")
     FigureCanvasAgg(figure)
     ax = figure.add_subplot()

@@ -1,14 +1,8 @@
-"""The training loop and checkpoint evaluation, as called by train.py, for any task (`training.tasks`).
-
-Translation, the default task, is defined here (`TranslationTask`); classification in
-training/classification.py. config.task picks one.
-"""
+"""The training loop and checkpoint evaluation, as called by train.py, for any task (`training.tasks`)."""
 
 import contextlib
-import dataclasses
 import functools
 import math
-import os
 import time
 from collections.abc import Iterator
 
@@ -19,31 +13,14 @@ from absl import logging
 from tqdm import tqdm
 
 from input_pipeline import batching
-from input_pipeline.corpus import Corpus, load_corpus
-from input_pipeline.datasets import TextPairs
-from training import divergence, evaluation, preemption, sharding
+from training import divergence, preemption, sharding, tasks
 from training.checkpointing import Checkpointer, averaged_checkpoint_dir, save_params
-from training.classification import ClassificationTask
 from training.errors import TrainingStopped, UserInputError
-from training.inference import load_trained_model, save_config, write_attention_summary
+from training.inference import load_trained_model, save_config
 from training.metrics_writer import MetricWriter
 from training.optimizer import make_optimizer
-from training.state import TrainState, create_train_state, is_classification, make_model
-from training.steps import LossFn, compile_train_step, eval_step, translation_loss
-from training.tasks import Task
-
-
-def batch_sizes(
-    config: ml_collections.ConfigDict, per_device: int, mesh: jax.sharding.Mesh, micro_batches: int = 1
-) -> dict[int, int]:
-    """Bucket batch sizes carrying per_device * batch shards * micro_batches * max_length tokens each.
-
-    A batch is split into `micro_batches` (gradient accumulation), each over the
-    mesh's batch shards (data x fsdp; devices along 'tensor' share their batch).
-    """
-    shards = sharding.num_batch_shards(mesh, config.mesh.rules) * micro_batches
-    tokens = per_device * shards * config.dataset.max_length
-    return batching.bucket_batch_sizes(config.dataset.bucket_boundaries, tokens, shards)
+from training.state import TrainState, create_train_state
+from training.steps import LossFn, compile_train_step
 
 
 def state_shardings(config: ml_collections.ConfigDict, model, tx, mesh: jax.sharding.Mesh) -> TrainState:
@@ -71,78 +48,6 @@ def configured_train_step(config: ml_collections.ConfigDict, loss_fn: LossFn, tx
     )
 
 
-def eval_setup(config, model, tokenizer, mesh) -> evaluation.EvalSetup:
-    return evaluation.EvalSetup(
-        eval_fn=jax.jit(functools.partial(eval_step, model=model)),
-        decode_fn=evaluation.make_decode_fn(model, config.eval),
-        mesh=mesh,
-        tokenizer=tokenizer,
-        boundaries=tuple(config.dataset.bucket_boundaries),
-        batch_sizes=batch_sizes(config, config.eval.per_device_batch_size, mesh),
-        max_decode_length=config.eval.max_decode_length,
-        decoding=evaluation.describe_decoding(config.eval),
-        seed=config.seed,
-    )
-
-
-def _head(text: TextPairs, ids: batching.ParallelIds, n: int) -> tuple[TextPairs, batching.ParallelIds]:
-    """The first n pairs of a split (the BLEU check during training)."""
-    keep = np.arange(min(n, len(text)))
-    return (
-        TextPairs(text.sources[:n], text.targets[:n]),
-        batching.ParallelIds(ids.sources.select(keep), ids.targets.select(keep)),
-    )
-
-
-def _evaluation_dir(workdir: str, split: str) -> str:
-    return os.path.join(workdir, "eval", split)
-
-
-class TranslationTask:
-    """Translation: the encoder-decoder on sentence pairs, kept best by validation BLEU (see training.tasks)."""
-
-    keep_best_metric = "bleu"
-
-    def load_data(self, config, workdir: str, splits: tuple[str, ...], *, allow_training_tokenizer: bool) -> Corpus:
-        return load_corpus(config, workdir, splits, allow_training_tokenizer=allow_training_tokenizer)
-
-    def make_model(self, config, data: Corpus):
-        return make_model(config, data.tokenizer.vocab_size())
-
-    def loss_fn(self, config, model) -> LossFn:
-        return functools.partial(translation_loss, model=model, label_smoothing=config.optimizer.label_smoothing)
-
-    def evaluator(self, config, model, data: Corpus, mesh, batch_sizes: dict[int, int]) -> "TranslationEvaluator":
-        del batch_sizes  # eval_setup sizes its batches itself (translate.py shares it).
-        return TranslationEvaluator(config, model, data, eval_setup(config, model, data.tokenizer, mesh))
-
-
-@dataclasses.dataclass(frozen=True)
-class TranslationEvaluator:
-    """Validation loss and BLEU on the first config.eval.num_bleu_sentences pairs; the full evaluation of a split."""
-
-    config: ml_collections.ConfigDict
-    model: object
-    corpus: Corpus
-    setup: evaluation.EvalSetup
-
-    def validate(self, params) -> dict[str, float]:
-        split = self.config.dataset.valid_split
-        valid = evaluation.loss_metrics(self.setup, params, self.corpus.ids[split])
-        if self.config.eval.num_bleu_sentences:
-            text, ids = _head(self.corpus.text[split], self.corpus.ids[split], self.config.eval.num_bleu_sentences)
-            valid["bleu"], _ = evaluation.bleu(evaluation.translate(self.setup, params, ids), text.targets)
-        return valid
-
-    def evaluate(self, params, step: int, checkpoint: str, workdir: str) -> dict:
-        return _evaluate(self.config, self.setup, self.model, params, step, checkpoint, self.corpus, workdir)
-
-
-def make_task(config: ml_collections.ConfigDict) -> Task:
-    """The task config.task names: 'translation' (the default) or 'classification'."""
-    return ClassificationTask() if is_classification(config) else TranslationTask()
-
-
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
     """Trains (resuming from the workdir's latest checkpoint), then evaluates config.eval.split.
 
@@ -154,7 +59,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
             training/preemption.py), or a step was not finite (config.nonfinite:
             training/divergence.py).
     """
-    task = make_task(config)
+    task = tasks.make_task(config)
     dataset = config.dataset
     splits = tuple(dict.fromkeys((dataset.train_split, dataset.valid_split, config.eval.split)))
     corpus = task.load_data(config, workdir, splits, allow_training_tokenizer=True)
@@ -178,17 +83,41 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
     train_batches = batching.TrainBatches(
         corpus.ids[dataset.train_split],
         dataset.bucket_boundaries,
-        batch_sizes(config, config.per_device_batch_size, mesh, config.grad_accumulation_steps),
+        sharding.batch_sizes(config, config.per_device_batch_size, mesh, config.grad_accumulation_steps),
         config.seed,
         data_state,
         rows=functools.partial(sharding.process_rows, mesh=mesh, rules=config.mesh.rules),
     )
     train_step = configured_train_step(config, task.loss_fn(config, model), tx, learning_rate_fn, mesh, shardings)
-    evaluator = task.evaluator(
-        config, model, corpus, mesh, batch_sizes(config, config.eval.per_device_batch_size, mesh)
-    )
-    train_writer, valid_writer = MetricWriter(workdir, "train"), MetricWriter(workdir, "valid")
+    evaluator = task.evaluator(config, model, corpus, mesh)
+    writers = {name: MetricWriter(workdir, name) for name in ("train", "valid")}
+    state = _train(config, state, train_step, train_batches, evaluator, task.keep_best_metric, checkpointer, writers)
 
+    scores = evaluator.evaluate(state.params, int(state.step), f"step {int(state.step)}", workdir)
+    for writer in writers.values():
+        writer.close()
+    checkpointer.close()
+    return scores
+
+
+def _train(
+    config: ml_collections.ConfigDict,
+    state: TrainState,
+    train_step,
+    train_batches: batching.TrainBatches,
+    evaluator: tasks.Evaluator,
+    keep_best_metric: str,
+    checkpointer: Checkpointer,
+    writers: dict[str, MetricWriter],
+) -> TrainState:
+    """Runs the steps from state.step to config.num_train_steps: logs, validates, saves, stops on a signal.
+
+    Returns:
+        The final state, its last save complete.
+
+    Raises:
+        TrainingStopped: as `train_and_evaluate`.
+    """
     first_step = int(state.step)
     base_rng = state.rng.copy()  # Step keys fold in from it; the state's own buffers are donated.
     step_state = train_step.enter(state)
@@ -212,14 +141,15 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
             progress.update()
             stopping = stop_signals.requested(step)  # Every process gives the same answer.
             last = step == config.num_train_steps
+            log = step % config.log_every_steps == 0 or last or stopping
             evaluate = (step % config.eval_every_steps == 0 or last) and not stopping
             save = step % config.checkpoint_every_steps == 0 or last or stopping
 
-            if step % config.log_every_steps == 0 or evaluate or save:
+            if log or evaluate or save:
                 guard.check()  # Where the loop waits for the device anyway; always before evaluating or saving.
-            if step % config.log_every_steps == 0 or last or stopping:
+            if log:
                 summary = _summarize(jax.device_get(pending), time.perf_counter() - interval_start)
-                train_writer.write(step, summary)
+                writers["train"].write(step, summary)
                 if "loss" in summary:
                     progress.set_postfix(
                         loss=f"{summary['loss']:.3f}", tok_s=f"{summary['target_tokens_per_second']:.0f}"
@@ -230,31 +160,32 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
             if evaluate:
                 jax.block_until_ready(state)  # Steps still running count as training time.
                 eval_start = time.perf_counter()
-                valid = evaluator.validate(state.params)
-                metric = task.keep_best_metric
-                # Finite parameters can still give a non-finite loss (the skipped steps of a diverging run).
-                if (
-                    metric in valid
-                    and math.isfinite(valid["loss"])
-                    and checkpointer.save_if_best(step, state.params, valid[metric], metric)
-                ):
-                    logging.info(
-                        "Step %d has the best validation %s so far (%.4g): kept apart.", step, metric, valid[metric]
-                    )
-                valid_writer.write(step, valid)
+                writers["valid"].write(step, _validate(evaluator, state, keep_best_metric, checkpointer))
                 interval_start += time.perf_counter() - eval_start  # Evaluation is not training time.
             if save:
                 checkpointer.save(state, train_batches.state)
             if stopping:
                 raise stop_signals.stopped(step, checkpointer.directory)
-    checkpointer.wait_until_finished()
+        # Still inside StopSignals: a signal now cannot cut the last save short, and one that came
+        # during the last step stops the run before the final evaluation (the step is saved).
+        checkpointer.wait_until_finished()
+        if stop_signals.received_unheeded():
+            raise stop_signals.stopped(config.num_train_steps, checkpointer.directory)
+    return train_step.leave(step_state)
 
-    description = f"step {int(state.step)}"
-    scores = evaluator.evaluate(state.params, int(state.step), description, workdir)
-    for writer in (train_writer, valid_writer):
-        writer.close()
-    checkpointer.close()
-    return scores
+
+def _validate(evaluator: tasks.Evaluator, state: TrainState, metric: str, checkpointer: Checkpointer) -> dict:
+    """The validation scores of `state`; its parameters are kept apart if their `metric` is the best so far."""
+    valid = evaluator.validate(state.params)
+    step = int(state.step)
+    # Finite parameters can still give a non-finite loss (the skipped steps of a diverging run).
+    if (
+        metric in valid
+        and math.isfinite(valid["loss"])
+        and checkpointer.save_if_best(step, state.params, valid[metric], metric)
+    ):
+        logging.info("Step %d has the best validation %s so far (%.4g): kept apart.", step, metric, valid[metric])
+    return valid
 
 
 def restore_checkpoint(
@@ -318,44 +249,6 @@ def _summarize(metrics: list[dict[str, np.ndarray]], seconds: float) -> dict[str
     return summary
 
 
-def _evaluate(config, setup, model, params, step: int, description: str, corpus: Corpus, workdir: str) -> dict:
-    """Evaluates config.eval.split into <workdir>/eval/<split>/, with attention maps in TensorBoard."""
-    split = config.eval.split
-    scores, hypotheses = evaluation.evaluate_split(
-        setup,
-        params,
-        step,
-        split,
-        corpus.text[split],
-        corpus.ids[split],
-        _evaluation_dir(workdir, split),
-        checkpoint=description,
-    )
-    _log_scores(scores)
-    if len(corpus.text[split]):  # The maps of the split's first sentence and its translation.
-        writer = MetricWriter(workdir, f"eval_{split}")
-        write_attention_summary(
-            writer, step, model, params, setup.tokenizer, corpus.text[split].sources[0], hypotheses[0]
-        )
-        writer.close()
-    return scores
-
-
-def _log_scores(scores: dict) -> None:
-    def number(name: str, digits: int) -> str:
-        return "null" if scores[name] is None else f"{scores[name]:.{digits}f}"  # Null: not finite.
-
-    logging.info(
-        "%s, %s: BLEU %.2f, loss %s, perplexity %s (%s)",
-        scores["split"],
-        scores["checkpoint"],
-        scores["bleu"],
-        number("loss", 4),
-        number("perplexity", 2),
-        scores["signature"],
-    )
-
-
 def evaluate_checkpoint(
     config: ml_collections.ConfigDict, workdir: str, checkpoint: str = "latest", *, save_average: bool = False
 ) -> dict:
@@ -375,7 +268,7 @@ def evaluate_checkpoint(
         UserInputError: the workdir holds no checkpoint (nothing is written then), the choice is
             malformed or names checkpoints the workdir lacks, or a checkpoint does not fit the config's model.
     """
-    task = make_task(config)
+    task = tasks.make_task(config)
     if save_average and not checkpoint.strip().lower().startswith("average:"):
         raise UserInputError(f"Saving an average needs the checkpoint choice 'average:N', not {checkpoint!r}.")
     trained = load_trained_model(config, workdir, checkpoint)  # Before the corpus is read: errors come fast.
@@ -385,6 +278,5 @@ def evaluate_checkpoint(
         save_params(path, trained.params, selection.steps)
         logging.info("Saved the %s in %s.", selection.description, path)
     corpus = task.load_data(config, workdir, (config.eval.split,), allow_training_tokenizer=False)
-    sizes = batch_sizes(config, config.eval.per_device_batch_size, trained.mesh)
-    evaluator = task.evaluator(config, trained.model, corpus, trained.mesh, sizes)
+    evaluator = task.evaluator(config, trained.model, corpus, trained.mesh)
     return evaluator.evaluate(trained.params, selection.step, selection.description, workdir)

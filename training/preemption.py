@@ -88,6 +88,13 @@ class StopSignals:
             return multihost_utils.reached_preemption_sync_point(step)
         return self.received is not None
 
+    def received_unheeded(self) -> bool:
+        """Whether this process got a signal after the last `requested` answered False.
+
+        One process only: several processes could not agree on it any more (the steps are over).
+        """
+        return not self._several and self.received is not None
+
     def stopped(self, step: int, checkpoint_dir: str) -> TrainingStopped:
         """The exception that ends training once `step` is saved in `checkpoint_dir`."""
         if self.received is not None:

@@ -4,8 +4,8 @@ The loop (training/loop.py) trains and evaluates any task the same way: the same
 state, optimizer, compiled train step, length-bucketed restorable batches,
 checkpoints, keep-best and metrics. What differs is asked of a `Task`: its data,
 its model, its loss, and how its parameters are validated and evaluated.
-`training.loop.TranslationTask` and `training.classification.ClassificationTask`
-implement it; `config.task` picks one.
+`training.translation.TranslationTask` and `training.classification.ClassificationTask`
+implement it; `config.task` picks one (`make_task`).
 """
 
 from typing import Any, Protocol
@@ -15,6 +15,7 @@ import ml_collections
 import sentencepiece as spm
 
 from input_pipeline.batching import Examples
+from training.state import is_classification
 from training.steps import LossFn
 
 
@@ -63,6 +64,12 @@ class Task(Protocol):
         model: Any,
         data: Data,
         mesh: jax.sharding.Mesh,
-        batch_sizes: dict[int, int],
     ) -> Evaluator:
-        """Validation and evaluation of `model` on `data`, in eval batches of `batch_sizes` (per bucket)."""
+        """Validation and evaluation of `model` on `data` (config.eval's batches) on `mesh`."""
+
+
+def make_task(config: ml_collections.ConfigDict) -> Task:
+    """The task config.task names: 'translation' (the default) or 'classification'."""
+    from training import classification, translation  # pylint: disable=g-import-not-at-top  (they import this)
+
+    return classification.ClassificationTask() if is_classification(config) else translation.TranslationTask()

@@ -18,6 +18,9 @@ def run_command(command: Callable[[], None], output_folder: str | None) -> None:
     """
     try:
         command()
+    except KeyboardInterrupt:
+        print("Interrupted by SIGINT.", file=sys.stderr)
+        sys.exit(130)
     except Exception as e:  # pylint: disable=broad-except
         if (message := io_errors.user_error_message(e, output_folder, elsewhere="write elsewhere")) is None:
             raise

@@ -1,0 +1,130 @@
+"""Translation as a task of the training loop: sentence pairs, the encoder-decoder, BLEU (see training.tasks).
+
+Validation during training is the loss on the whole validation split and BLEU on its
+first config.eval.num_bleu_sentences pairs (the keep-best metric); the final
+evaluation of a split writes <workdir>/eval/<split>/ (training/evaluation.py) and
+puts the attention maps of its first sentence and translation into TensorBoard.
+"""
+
+import dataclasses
+import functools
+import os
+
+import jax
+import ml_collections
+import numpy as np
+from absl import logging
+
+from input_pipeline import batching
+from input_pipeline.corpus import Corpus, load_corpus
+from input_pipeline.datasets import TextPairs
+from training import evaluation, sharding
+from training.inference import write_attention_summary
+from training.metrics_writer import MetricWriter
+from training.state import make_model
+from training.steps import LossFn, eval_step, translation_loss
+
+
+def eval_setup(config, model, tokenizer, mesh) -> evaluation.EvalSetup:
+    """Decoding, eval steps and batching of config.eval for `model` on `mesh` (shared with translate.py)."""
+    return evaluation.EvalSetup(
+        eval_fn=jax.jit(functools.partial(eval_step, model=model)),
+        decode_fn=evaluation.make_decode_fn(model, config.eval),
+        mesh=mesh,
+        tokenizer=tokenizer,
+        boundaries=tuple(config.dataset.bucket_boundaries),
+        batch_sizes=sharding.batch_sizes(config, config.eval.per_device_batch_size, mesh),
+        max_decode_length=config.eval.max_decode_length,
+        decoding=evaluation.describe_decoding(config.eval),
+        seed=config.seed,
+    )
+
+
+def _head(text: TextPairs, ids: batching.ParallelIds, n: int) -> tuple[TextPairs, batching.ParallelIds]:
+    """The first n pairs of a split (the BLEU check during training)."""
+    keep = np.arange(min(n, len(text)))
+    return (
+        TextPairs(text.sources[:n], text.targets[:n]),
+        batching.ParallelIds(ids.sources.select(keep), ids.targets.select(keep)),
+    )
+
+
+def _evaluation_dir(workdir: str, split: str) -> str:
+    return os.path.join(workdir, "eval", split)
+
+
+class TranslationTask:
+    """Translation: the encoder-decoder on sentence pairs, kept best by validation BLEU (see training.tasks)."""
+
+    keep_best_metric = "bleu"
+
+    def load_data(self, config, workdir: str, splits: tuple[str, ...], *, allow_training_tokenizer: bool) -> Corpus:
+        return load_corpus(config, workdir, splits, allow_training_tokenizer=allow_training_tokenizer)
+
+    def make_model(self, config, data: Corpus):
+        return make_model(config, data.tokenizer.vocab_size())
+
+    def loss_fn(self, config, model) -> LossFn:
+        return functools.partial(translation_loss, model=model, label_smoothing=config.optimizer.label_smoothing)
+
+    def evaluator(self, config, model, data: Corpus, mesh) -> "TranslationEvaluator":
+        return TranslationEvaluator(config, model, data, eval_setup(config, model, data.tokenizer, mesh))
+
+
+@dataclasses.dataclass(frozen=True)
+class TranslationEvaluator:
+    """Validation loss and BLEU on the first config.eval.num_bleu_sentences pairs; the full evaluation of a split."""
+
+    config: ml_collections.ConfigDict
+    model: object
+    corpus: Corpus
+    setup: evaluation.EvalSetup
+
+    def validate(self, params) -> dict[str, float]:
+        split = self.config.dataset.valid_split
+        valid = evaluation.loss_metrics(self.setup, params, self.corpus.ids[split])
+        if self.config.eval.num_bleu_sentences:
+            text, ids = _head(self.corpus.text[split], self.corpus.ids[split], self.config.eval.num_bleu_sentences)
+            valid["bleu"], _ = evaluation.bleu(evaluation.translate(self.setup, params, ids), text.targets)
+        return valid
+
+    def evaluate(self, params, step: int, checkpoint: str, workdir: str) -> dict:
+        return evaluate_split(self.config, self.setup, self.model, params, step, checkpoint, self.corpus, workdir)
+
+
+def evaluate_split(config, setup, model, params, step: int, description: str, corpus: Corpus, workdir: str) -> dict:
+    """Evaluates config.eval.split into <workdir>/eval/<split>/, with attention maps in TensorBoard."""
+    split = config.eval.split
+    scores, hypotheses = evaluation.evaluate_split(
+        setup,
+        params,
+        step,
+        split,
+        corpus.text[split],
+        corpus.ids[split],
+        _evaluation_dir(workdir, split),
+        checkpoint=description,
+    )
+    _log_scores(scores)
+    if len(corpus.text[split]):  # The maps of the split's first sentence and its translation.
+        writer = MetricWriter(workdir, f"eval_{split}")
+        write_attention_summary(
+            writer, step, model, params, setup.tokenizer, corpus.text[split].sources[0], hypotheses[0]
+        )
+        writer.close()
+    return scores
+
+
+def _log_scores(scores: dict) -> None:
+    def number(name: str, digits: int) -> str:
+        return "null" if scores[name] is None else f"{scores[name]:.{digits}f}"  # Null: not finite.
+
+    logging.info(
+        "%s, %s: BLEU %.2f, loss %s, perplexity %s (%s)",
+        scores["split"],
+        scores["checkpoint"],
+        scores["bleu"],
+        number("loss", 4),
+        number("perplexity", 2),
+        scores["signature"],
+    )
