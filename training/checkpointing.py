@@ -21,6 +21,7 @@ choice names, and averaging, are in checkpoint_choice. Saves are asynchronous.
 """
 
 import dataclasses
+import math
 import os
 from typing import Any
 
@@ -86,6 +87,7 @@ class Checkpointer:
             read_only=read_only,
             create=not read_only,
             items={"data": ocp.JsonCheckpointHandler()},
+            barrier_prefix="checkpoints",
         )
         # create=False: the folder appears with the first save, so a run without BLEU checks leaves none.
         self._best_manager = _manager(
@@ -94,6 +96,7 @@ class Checkpointer:
             read_only=read_only,
             create=False,
             items={"score": ocp.JsonCheckpointHandler()},
+            barrier_prefix="best",
         )
         # Read back, so a resumed run compares with the best of the steps before the restart.
         self._best = self._read_best_score()
@@ -142,7 +145,7 @@ class Checkpointer:
         Raises:
             NonFiniteStateError: the score or the parameters are NaN or Inf (nothing is written or deleted).
         """
-        if not _is_finite(score):
+        if not math.isfinite(score):
             raise NonFiniteStateError(f"Refusing to keep step {step} as the best: its validation {metric} is {score}.")
         if self._best is not None and score <= self._best.value:
             return False
@@ -371,19 +374,20 @@ def save_params(directory: str, params: Any, steps: tuple[int, ...]) -> None:
     checkpointer.close()
 
 
-def _manager(directory: str, *, keep: int, read_only: bool, create: bool, items: dict) -> ocp.CheckpointManager:
+def _manager(
+    directory: str, *, keep: int, read_only: bool, create: bool, items: dict, barrier_prefix: str
+) -> ocp.CheckpointManager:
     options = ocp.CheckpointManagerOptions(
         max_to_keep=None if read_only else keep,
         create=create and not read_only,
         read_only=read_only,
         save_interval_steps=0 if read_only else 1,
+        # Processes agree on each save at barriers named by its step; the regular and the best
+        # checkpoint of one step are saved at the same time, so their barriers need other names.
+        multiprocessing_options=ocp.options.MultiprocessingOptions(barrier_sync_key_prefix=barrier_prefix),
     )
     handlers = {"state": ocp.PyTreeCheckpointHandler(), "integrity": ocp.JsonCheckpointHandler(), **items}
     return ocp.CheckpointManager(directory, options=options, item_handlers=handlers)
-
-
-def _is_finite(value: float) -> bool:
-    return value == value and abs(value) != float("inf")
 
 
 def _finite_summary(tree: Any, refusal: str) -> Summary:
