@@ -398,7 +398,7 @@ def test_nonfinite_state_is_refused_and_nothing_changes(workdir):
     with pytest.raises(NonFiniteStateError, match=r"keep step 4 as the best: its parameters hold NaN or Inf in "):
         checkpointer.save_if_best(4, params, 9.0)
     for score in (float("nan"), float("inf")):
-        with pytest.raises(NonFiniteStateError, match=r"keep step 4 as the best: its validation BLEU is"):
+        with pytest.raises(NonFiniteStateError, match=r"keep step 4 as the best: its validation bleu is"):
             checkpointer.save_if_best(4, _params(4), score)
     checkpointer.wait_until_finished()
     assert checkpointer.best().step == 3 and os.listdir(best_checkpoint_dir(workdir)) == ["3"]
