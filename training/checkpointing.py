@@ -17,7 +17,8 @@ A state holding NaN or Inf is never written. Each step is verified when read bac
 files there, shapes fit, arrays read, finite, fingerprints as recorded at the save). Resuming and 'latest'
 fall back past damaged steps, with one warning each; training moves them to damaged_checkpoints/. A
 damaged step named explicitly ('best', a step, a member of 'average:N') is one error. Which checkpoints a
-choice names, and averaging, are in checkpoint_choice. Saves are asynchronous.
+choice names, and averaging, are in checkpoint_choice. Saves to checkpoints/ are asynchronous, to
+best_checkpoint/ synchronous.
 """
 
 import dataclasses
@@ -87,7 +88,7 @@ class Checkpointer:
             read_only=read_only,
             create=not read_only,
             items={"data": ocp.JsonCheckpointHandler()},
-            barrier_prefix="checkpoints",
+            asynchronous=True,
         )
         # create=False: the folder appears with the first save, so a run without BLEU checks leaves none.
         self._best_manager = _manager(
@@ -96,7 +97,10 @@ class Checkpointer:
             read_only=read_only,
             create=False,
             items={"score": ocp.JsonCheckpointHandler()},
-            barrier_prefix="best",
+            # Written before the regular checkpoint of the same step starts: with several processes,
+            # two asynchronous saves of one step would meet at barriers of the same name and deadlock.
+            # The parameters alone, at evaluation steps only: the wait is short and rare.
+            asynchronous=False,
         )
         # Read back, so a resumed run compares with the best of the steps before the restart.
         self._best = self._read_best_score()
@@ -137,7 +141,7 @@ class Checkpointer:
 
         `score` is the validation `metric` (higher is better), e.g. BLEU or accuracy.
 
-        The save is asynchronous; the previous best is deleted once it completes.
+        The save is synchronous (see __init__); the previous best is deleted once it completes.
 
         Returns:
             Whether `step` is the new best.
@@ -375,16 +379,14 @@ def save_params(directory: str, params: Any, steps: tuple[int, ...]) -> None:
 
 
 def _manager(
-    directory: str, *, keep: int, read_only: bool, create: bool, items: dict, barrier_prefix: str
+    directory: str, *, keep: int, read_only: bool, create: bool, items: dict, asynchronous: bool
 ) -> ocp.CheckpointManager:
     options = ocp.CheckpointManagerOptions(
         max_to_keep=None if read_only else keep,
         create=create and not read_only,
         read_only=read_only,
         save_interval_steps=0 if read_only else 1,
-        # Processes agree on each save at barriers named by its step; the regular and the best
-        # checkpoint of one step are saved at the same time, so their barriers need other names.
-        multiprocessing_options=ocp.options.MultiprocessingOptions(barrier_sync_key_prefix=barrier_prefix),
+        enable_async_checkpointing=asynchronous,
     )
     handlers = {"state": ocp.PyTreeCheckpointHandler(), "integrity": ocp.JsonCheckpointHandler(), **items}
     return ocp.CheckpointManager(directory, options=options, item_handlers=handlers)
