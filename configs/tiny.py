@@ -10,7 +10,14 @@ from configs import quickstart
 
 def get_config():
     """Returns the test config."""
-    config = quickstart.get_config()
+    config = shrink(quickstart.get_config())
+    config.eval.num_bleu_sentences = 16
+    config.eval.max_decode_length = 16
+    return config
+
+
+def shrink(config):
+    """`config` with the tiny model, vocabulary, batches and schedule of the tests (for any task)."""
     config.num_train_steps = 6
     config.log_every_steps = 2
     config.eval_every_steps = 3
@@ -25,7 +32,5 @@ def get_config():
     config.model.num_layers = 1
     config.model.dtype = "float32"
     config.optimizer.warmup_steps = 2
-    config.eval.num_bleu_sentences = 16
-    config.eval.max_decode_length = 16
     config.eval.per_device_batch_size = 16
     return config
