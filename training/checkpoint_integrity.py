@@ -84,7 +84,11 @@ class Summary:
 
     def __init__(self, tree: Any):
         leaves = jax.tree.leaves(tree)
-        sums, finite = zip(*jax.device_get([_leaf_summary(leaf) for leaf in leaves])) if leaves else ((), ())
+        # One leaf at a time: with sharded leaves each summary is a collective program, and on a host
+        # with more (simulated) devices than cores, several in flight at once can hold every XLA
+        # thread while each waits for the others (a rendezvous timeout). The arrays are few and small.
+        summaries = [jax.device_get(_leaf_summary(leaf)) for leaf in leaves]
+        sums, finite = zip(*summaries) if leaves else ((), ())
         names = leaf_names(tree)
         self.leaves = {
             name: {"dtype": str(np.dtype(leaf.dtype)), "weighted": int(pair[0]), "mixed": int(pair[1])}

@@ -17,8 +17,7 @@ A state holding NaN or Inf is never written. Each step is verified when read bac
 files there, shapes fit, arrays read, finite, fingerprints as recorded at the save). Resuming and 'latest'
 fall back past damaged steps, with one warning each; training moves them to damaged_checkpoints/. A
 damaged step named explicitly ('best', a step, a member of 'average:N') is one error. Which checkpoints a
-choice names, and averaging, are in checkpoint_choice. Saves to checkpoints/ are asynchronous, to
-best_checkpoint/ synchronous.
+choice names, and averaging, are in checkpoint_choice. Saves are asynchronous.
 """
 
 import dataclasses
@@ -88,7 +87,6 @@ class Checkpointer:
             read_only=read_only,
             create=not read_only,
             items={"data": ocp.JsonCheckpointHandler()},
-            asynchronous=True,
         )
         # create=False: the folder appears with the first save, so a run without BLEU checks leaves none.
         self._best_manager = _manager(
@@ -97,10 +95,6 @@ class Checkpointer:
             read_only=read_only,
             create=False,
             items={"score": ocp.JsonCheckpointHandler()},
-            # Written before the regular checkpoint of the same step starts: with several processes,
-            # two asynchronous saves of one step would meet at barriers of the same name and deadlock.
-            # The parameters alone, at evaluation steps only: the wait is short and rare.
-            asynchronous=False,
         )
         # Read back, so a resumed run compares with the best of the steps before the restart.
         self._best = self._read_best_score()
@@ -127,6 +121,10 @@ class Checkpointer:
         if step in self._manager.all_steps():
             return
         summary = _finite_summary(state, f"Refusing to save step {step}: the train state holds")
+        # The best parameters of this step may still be being written. With several processes two
+        # saves of one step would wait at Orbax barriers of the same name and deadlock; that save
+        # (parameters only, at a new best) finishes first.
+        self._best_manager.wait_until_finished()
         self._manager.save(
             step,
             args=ocp.args.Composite(
@@ -141,7 +139,7 @@ class Checkpointer:
 
         `score` is the validation `metric` (higher is better), e.g. BLEU or accuracy.
 
-        The save is synchronous (see __init__); the previous best is deleted once it completes.
+        The save is asynchronous; the previous best is deleted once it completes.
 
         Returns:
             Whether `step` is the new best.
@@ -378,15 +376,12 @@ def save_params(directory: str, params: Any, steps: tuple[int, ...]) -> None:
     checkpointer.close()
 
 
-def _manager(
-    directory: str, *, keep: int, read_only: bool, create: bool, items: dict, asynchronous: bool
-) -> ocp.CheckpointManager:
+def _manager(directory: str, *, keep: int, read_only: bool, create: bool, items: dict) -> ocp.CheckpointManager:
     options = ocp.CheckpointManagerOptions(
         max_to_keep=None if read_only else keep,
         create=create and not read_only,
         read_only=read_only,
         save_interval_steps=0 if read_only else 1,
-        enable_async_checkpointing=asynchronous,
     )
     handlers = {"state": ocp.PyTreeCheckpointHandler(), "integrity": ocp.JsonCheckpointHandler(), **items}
     return ocp.CheckpointManager(directory, options=options, item_handlers=handlers)
