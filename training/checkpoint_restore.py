@@ -166,10 +166,16 @@ def _quiet_abandoned_reads() -> None:
     )
 
 
+# How TensorStore words a failed read (its status code first), e.g. 'NOT_FOUND: Error opening "zarr" driver...'.
+_TENSORSTORE_STATUS = re.compile(r"^(NOT_FOUND|OUT_OF_RANGE|DATA_LOSS|INVALID_ARGUMENT|FAILED_PRECONDITION|INTERNAL): ")
+
+
 def _is_abandoned_read(error: BaseException | None) -> bool:
     """Whether `error` is the aftermath of a failed Orbax read (raised in Orbax, or on its closed loop)."""
     if isinstance(error, RuntimeError) and str(error) == "Event loop is closed":
         return True
+    if isinstance(error, ValueError) and _TENSORSTORE_STATUS.match(str(error)):
+        return True  # A TensorStore read of a damaged file, left to be collected; the restore reports it.
     while error is not None:
         frame = error.__traceback__
         while frame is not None:
