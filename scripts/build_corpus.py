@@ -678,15 +678,22 @@ def write_output(
     license_txt: str,
 ) -> dict[str, str]:
     """Write the six .gz files, README.md, LICENSE and SHA256SUMS; return checksums."""
+    blobs = {
+        f"{name}.{lang}.gz": gzip_lines([pair[idx] for pair in splits[name]])
+        for name in SPLITS
+        for idx, lang in enumerate(("en", "de"))
+    }
+    return _write_release(out_dir, blobs, readme, license_txt)
+
+
+def _write_release(out_dir: str, blobs: dict[str, bytes], readme: str, license_txt: str) -> dict[str, str]:
+    """Write the data files, SHA256SUMS, README.md and LICENSE of a corpus; return the checksums."""
     os.makedirs(out_dir, exist_ok=True)
     sums: dict[str, str] = {}
-    for name in SPLITS:
-        for idx, lang in enumerate(("en", "de")):
-            fname = f"{name}.{lang}.gz"
-            blob = gzip_lines([pair[idx] for pair in splits[name]])
-            with open(os.path.join(out_dir, fname), "wb") as f:
-                f.write(blob)
-            sums[fname] = hashlib.sha256(blob).hexdigest()
+    for fname, blob in blobs.items():
+        with open(os.path.join(out_dir, fname), "wb") as f:
+            f.write(blob)
+        sums[fname] = hashlib.sha256(blob).hexdigest()
     with open(os.path.join(out_dir, "SHA256SUMS"), "w", encoding="utf-8", newline="\n") as f:
         f.writelines(f"{digest}  {fname}\n" for fname, digest in sums.items())
     with open(os.path.join(out_dir, "README.md"), "w", encoding="utf-8", newline="\n") as f:
@@ -854,21 +861,11 @@ def write_topics_output(
     out_dir: str, splits: dict[str, list[tuple[str, str]]], readme: str, license_txt: str
 ) -> dict[str, str]:
     """Write ``{split}.tsv.gz``, README.md, LICENSE and SHA256SUMS; return checksums."""
-    os.makedirs(out_dir, exist_ok=True)
-    sums: dict[str, str] = {}
-    for name in SPLITS:
-        fname = f"{name}.tsv.gz"
-        blob = gzip_lines([f"{label}\t{sentence}" for label, sentence in splits[name]], fields=2)
-        with open(os.path.join(out_dir, fname), "wb") as f:
-            f.write(blob)
-        sums[fname] = hashlib.sha256(blob).hexdigest()
-    with open(os.path.join(out_dir, "SHA256SUMS"), "w", encoding="utf-8", newline="\n") as f:
-        f.writelines(f"{digest}  {fname}\n" for fname, digest in sums.items())
-    with open(os.path.join(out_dir, "README.md"), "w", encoding="utf-8", newline="\n") as f:
-        f.write(readme)
-    with open(os.path.join(out_dir, "LICENSE"), "w", encoding="utf-8", newline="\n") as f:
-        f.write(license_txt)
-    return sums
+    blobs = {
+        f"{name}.tsv.gz": gzip_lines([f"{label}\t{sentence}" for label, sentence in splits[name]], fields=2)
+        for name in SPLITS
+    }
+    return _write_release(out_dir, blobs, readme, license_txt)
 
 
 # --------------------------------------------------------------------------
