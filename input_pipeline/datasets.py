@@ -47,14 +47,7 @@ def make_builder(
             data_dir=dataset.data_dir or os.path.join(workdir, "tfds"),
         )
     else:
-        try:
-            builder = tfds.builder(dataset.name, data_dir=dataset.data_dir or None)
-        except tfds.core.registered.DatasetNotFoundError:
-            raise UserInputError(
-                f"Unknown dataset {dataset.name!r}: use a TFDS name such as "
-                "'wmt14_translate/de-en', or 'parallel_text' with "
-                "--config.dataset.path=FOLDER."
-            ) from None
+        builder = _registered_builder(dataset, f"'wmt14_translate/de-en', or '{LOCAL_DATASET}'")
     try:
         builder.download_and_prepare()
     except Exception as e:  # pylint: disable=broad-except
@@ -149,13 +142,7 @@ def make_labelled_builder(
             data_dir=dataset.data_dir or os.path.join(workdir, "tfds"),
         )
     else:
-        try:
-            builder = tfds.builder(dataset.name, data_dir=dataset.data_dir or None)
-        except tfds.core.registered.DatasetNotFoundError:
-            raise UserInputError(
-                f"Unknown dataset {dataset.name!r}: use a TFDS name such as 'imdb_reviews' or 'glue/sst2', "
-                f"or '{LOCAL_LABELLED_DATASET}' with --config.dataset.path=FOLDER."
-            ) from None
+        builder = _registered_builder(dataset, f"'imdb_reviews' or 'glue/sst2', or '{LOCAL_LABELLED_DATASET}'")
     _prepare(builder, dataset, local=dataset.name == LOCAL_LABELLED_DATASET)
     text_and_label_features(builder)  # Fails early on a dataset that is not text classification.
     for split in required_splits:
@@ -165,6 +152,16 @@ def make_labelled_builder(
                 "(set config.dataset.train_split/valid_split and config.eval.split)."
             )
     return builder
+
+
+def _registered_builder(dataset: ml_collections.ConfigDict, examples: str) -> tfds.core.DatasetBuilder:
+    """The registered TFDS dataset config.dataset names; `examples`: names to suggest, then the local dataset."""
+    try:
+        return tfds.builder(dataset.name, data_dir=dataset.data_dir or None)
+    except tfds.core.registered.DatasetNotFoundError:
+        raise UserInputError(
+            f"Unknown dataset {dataset.name!r}: use a TFDS name such as {examples} with --config.dataset.path=FOLDER."
+        ) from None
 
 
 def _prepare(builder: tfds.core.DatasetBuilder, dataset: ml_collections.ConfigDict, *, local: bool) -> None:
