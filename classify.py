@@ -16,7 +16,7 @@ import os
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from training.errors import UserInputError
+from common.errors import UserInputError
 from training.logs import quiet_library_logs
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "The trained run's directory.")
@@ -36,8 +36,8 @@ flags.mark_flags_as_required(["workdir"])
 
 def classify(workdir: str) -> None:
     from configs.validation import validate_config  # pylint: disable=g-import-not-at-top  (JAX starts here)
+    from models.build import is_classification  # pylint: disable=g-import-not-at-top
     from training import classification, inference, sharding, text_io  # pylint: disable=g-import-not-at-top
-    from training.state import is_classification  # pylint: disable=g-import-not-at-top
 
     config = _CONFIG.value if _CONFIG.value is not None else inference.load_config(workdir)
     if not is_classification(config):

@@ -18,9 +18,10 @@ import jax
 from absl import app, flags, logging
 from ml_collections import config_flags
 
+from common import processes
+from common.errors import TrainingStopped, UserInputError
 from configs.validation import validate_config
 from training import distributed, io_errors, workdir
-from training.errors import TrainingStopped, UserInputError
 from training.logs import quiet_library_logs
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file (configs/*.py).", lock_config=True)
@@ -146,12 +147,12 @@ def _exit(message: str, status: int, *, others_may_wait: bool = True) -> None:
 
 
 def _run(config) -> None:
-    if not distributed.is_main_process():
+    if not processes.is_main_process():
         logging.set_verbosity(logging.WARNING)  # One log for the run: process 0's.
     # One training run per workdir, checked before any data is prepared; evaluation may
     # run beside training. Process 0 holds the lock for all processes of the run.
     training = _MODE.value == "train"
-    lock = workdir.training_lock(_WORKDIR.value) if training and distributed.is_main_process() else None
+    lock = workdir.training_lock(_WORKDIR.value) if training and processes.is_main_process() else None
     with lock or contextlib.nullcontext():
         # Our own code never uses TensorFlow's devices; keep it off any GPU.
         import tensorflow as tf  # pylint: disable=g-import-not-at-top

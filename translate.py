@@ -18,7 +18,7 @@ import os
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from training.errors import UserInputError
+from common.errors import UserInputError
 from training.logs import quiet_library_logs
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "The trained run's directory.")

@@ -22,13 +22,14 @@ import numpy as np
 from absl import app, flags
 from ml_collections import config_flags
 
+from common.special_ids import BOS_ID, PAD_ID
 from input_pipeline import batching
 from input_pipeline.corpus import load_corpus
-from input_pipeline.tokenizer import BOS_ID, PAD_ID
+from models.build import make_model
 from models.decoding import beam_search
 from training import sharding
 from training.logs import quiet_library_logs
-from training.state import init_params, make_model
+from training.state import init_params
 
 _CONFIG = config_flags.DEFINE_config_file("config", "configs/quickstart.py", "Config file.")
 _WORKDIR = flags.DEFINE_string("workdir", None, "A trained run whose latest parameters to use (optional).")

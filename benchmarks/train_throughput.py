@@ -21,10 +21,10 @@ from ml_collections import config_flags
 
 from input_pipeline import batching
 from input_pipeline.corpus import load_corpus
+from models.build import make_model
 from training import sharding
 from training.loop import TranslationTask, batch_sizes, configured_train_step, initial_state, state_shardings
 from training.optimizer import make_optimizer
-from training.state import make_model
 
 _CONFIG = config_flags.DEFINE_config_file("config", "configs/quickstart.py", "Config file.")
 _DTYPES = flags.DEFINE_list("dtypes", ["float32", "bfloat16"], "Compute dtypes to compare.")

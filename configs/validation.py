@@ -6,11 +6,11 @@ import jax
 import ml_collections
 import numpy as np
 
+from common.errors import UserInputError
+from common.mesh_axes import MESH_AXES, logical_rules, mesh_axes_of, mesh_shape
 from input_pipeline.batching import bucket_batch_sizes
+from models.build import make_model
 from models.decoding import decode_length, decoding_memory_bytes
-from training import sharding
-from training.errors import UserInputError
-from training.state import make_model
 
 _CHOICES = {
     "model.positional_encoding": ("sinusoidal", "learned"),
@@ -176,23 +176,21 @@ def _validate_decoding(eval_config: ml_collections.ConfigDict) -> None:
 
 def _validate_mesh(config: ml_collections.ConfigDict, num_devices: int) -> None:
     """The mesh fits the devices, every sharded model dimension divides evenly, pmap has no model axes."""
-    shape = sharding.mesh_shape(config.mesh, num_devices)
+    shape = mesh_shape(config.mesh, num_devices)
     rules = config.mesh.rules
     try:
         for axis in ("batch", *_MODEL_DIMENSIONS):
-            sharding.mesh_axes_of(axis, rules)
+            mesh_axes_of(axis, rules)
     except (TypeError, ValueError):
         raise UserInputError(
             f"config.mesh.rules {rules!r} must be pairs (logical axis, mesh axis or tuple of mesh axes or None)."
         ) from None
-    for name, mesh_axes in sharding.logical_rules(rules):
-        unknown = set((mesh_axes,) if isinstance(mesh_axes, str) else mesh_axes or ()) - set(sharding.MESH_AXES)
+    for name, mesh_axes in logical_rules(rules):
+        unknown = set((mesh_axes,) if isinstance(mesh_axes, str) else mesh_axes or ()) - set(MESH_AXES)
         if unknown:
-            raise UserInputError(
-                f"config.mesh.rules maps {name!r} to {sorted(unknown)}; mesh axes are {sharding.MESH_AXES}."
-            )
+            raise UserInputError(f"config.mesh.rules maps {name!r} to {sorted(unknown)}; mesh axes are {MESH_AXES}.")
     for logical_axis, field in _MODEL_DIMENSIONS.items():
-        mesh_axes = sharding.mesh_axes_of(logical_axis, rules)
+        mesh_axes = mesh_axes_of(logical_axis, rules)
         parts = int(np.prod([shape[axis] for axis in mesh_axes]))
         if _get(config, field) % parts:
             raise UserInputError(

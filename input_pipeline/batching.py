@@ -20,8 +20,8 @@ from collections.abc import Callable, Iterator, Sequence
 import numpy as np
 from absl import logging
 
-from input_pipeline.tokenizer import PAD_ID
-from training.errors import UserInputError
+from common.errors import UserInputError
+from common.special_ids import PAD_ID
 
 # Global batch size -> the rows of each global batch this process materialises.
 RowsFn = Callable[[int], slice]

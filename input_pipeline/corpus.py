@@ -9,12 +9,12 @@ import ml_collections
 import sentencepiece as spm
 from absl import logging
 
+from common import processes
+from common.errors import UserInputError
 from input_pipeline import datasets
 from input_pipeline import tokenizer as tokenizer_lib
 from input_pipeline.batching import LabelledIds, ParallelIds
 from input_pipeline.labelled_text import LabelledTexts
-from training import distributed
-from training.errors import UserInputError
 
 TOKENIZER_FILE = "tokenizer.model"
 # Classification: the training labels, one 'label<TAB>count in train' line each, in class-id order.
@@ -51,7 +51,7 @@ def load_corpus(
     tokenizer = _checked_workdir_tokenizer(config, workdir, allow_training_tokenizer=allow_training_tokenizer)
     needed = splits if tokenizer is not None else tuple(dict.fromkeys((dataset.train_split, *splits)))
     # Process 0 prepares the dataset and trains the tokenizer; the others then read both.
-    with distributed.main_process_first("prepare_dataset"):
+    with processes.main_process_first("prepare_dataset"):
         builder = datasets.make_builder(dataset, workdir, required_splits=needed)
     text = {
         split: datasets.load_text_pairs(builder, split, dataset.source_lang, dataset.target_lang) for split in needed
@@ -103,7 +103,7 @@ def _workdir_tokenizer(
     if tokenizer is not None:
         return tokenizer
     tokenizer_path = os.path.join(workdir, TOKENIZER_FILE)
-    with distributed.main_process_first("train_tokenizer"):
+    with processes.main_process_first("train_tokenizer"):
         if os.path.exists(tokenizer_path):  # Trained by process 0 meanwhile.
             return tokenizer_lib.load_tokenizer(tokenizer_path)
         os.makedirs(workdir, exist_ok=True)  # Only now: bad data must leave no trace.
@@ -205,11 +205,11 @@ def load_labelled_corpus(
             "classifier. Train first with the same --workdir."
         )
     needed = splits if have_vocabularies else tuple(dict.fromkeys((dataset.train_split, *splits)))
-    with distributed.main_process_first("prepare_dataset"):
+    with processes.main_process_first("prepare_dataset"):
         builder = datasets.make_labelled_builder(dataset, workdir, required_splits=needed)
     text = {split: datasets.load_labelled_texts(builder, split) for split in needed}
     tokenizer = _workdir_tokenizer(config, workdir, tokenizer, lambda: text[dataset.train_split].texts)
-    with distributed.main_process_first("save_labels"):
+    with processes.main_process_first("save_labels"):
         if os.path.exists(os.path.join(workdir, LABELS_FILE)):
             labels = load_labels(workdir)
         else:

@@ -9,12 +9,12 @@ import sentencepiece as spm
 import tensorflow_datasets as tfds
 from absl import logging
 
+from common.errors import UserInputError
+from common.special_ids import EOS_ID
 from input_pipeline.batching import LabelledIds, ParallelIds, RaggedIds
 from input_pipeline.labelled_text import LABEL, LabelledText, LabelledTexts
 from input_pipeline.labelled_text import TEXT as LABEL_TEXT
 from input_pipeline.parallel_text import ParallelText
-from input_pipeline.tokenizer import EOS_ID
-from training.errors import UserInputError
 
 LOCAL_DATASET = "parallel_text"
 _TOKENIZE_CHUNK = 100_000  # Sentences tokenized at a time.

@@ -18,8 +18,8 @@ from collections.abc import Iterator
 import tensorflow_datasets as tfds
 from absl import logging
 
+from common.errors import UserInputError
 from input_pipeline.parallel_text import SPLITS, read_lines
-from training.errors import UserInputError
 
 SUFFIX = "tsv"
 TEXT, LABEL = "text", "label"  # The builder's features.

@@ -19,7 +19,7 @@ from collections.abc import Iterator
 import tensorflow_datasets as tfds
 from absl import logging
 
-from training.errors import UserInputError
+from common.errors import UserInputError
 
 SPLITS = ("train", "valid", "test")
 

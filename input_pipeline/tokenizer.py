@@ -9,9 +9,8 @@ import sentencepiece as spm
 from absl import logging
 from sentencepiece import sentencepiece_model_pb2
 
-from training.errors import UserInputError
-
-PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
+from common.errors import UserInputError
+from common.special_ids import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 
 
 def train_tokenizer(

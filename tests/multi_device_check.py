@@ -24,14 +24,14 @@ import ml_collections
 import numpy as np
 from tolerances import loss_rtol  # This script's folder, tests/, is first on sys.path.
 
+from common.special_ids import BOS_ID, EOS_ID
 from configs import default
 from input_pipeline.batching import IteratorState, RaggedIds
-from input_pipeline.tokenizer import BOS_ID, EOS_ID
+from models.build import make_model
 from models.decoding import greedy_decode
 from training import classification, loop, sharding, tasks
 from training.checkpointing import Checkpointer
 from training.optimizer import make_optimizer
-from training.state import make_model
 from training.steps import compile_train_step, eval_step
 
 NUM_STEPS = 5

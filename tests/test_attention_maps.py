@@ -15,10 +15,11 @@ from conftest import BUNDLED_CORPUS, TINY_MODEL
 from matplotlib.figure import Figure
 from tensorboardX.proto import event_pb2
 
-from input_pipeline.tokenizer import EOS_ID, PAD_ID, train_tokenizer
+from common.errors import UserInputError
+from common.special_ids import EOS_ID, PAD_ID
+from input_pipeline.tokenizer import train_tokenizer
 from models import Transformer
 from training import attention_maps
-from training.errors import UserInputError
 from training.metrics_writer import MetricWriter
 
 # Different layer counts (and sentence lengths), so that a swapped stack or axis changes a shape.

@@ -13,11 +13,11 @@ import pytest
 from conftest import BUNDLED_CORPUS as CORPUS
 from conftest import run_entry_point, tiny_config
 
+from common.errors import UserInputError
 from configs import tiny
 from configs.validation import validate_config
 from input_pipeline.parallel_text import check_parallel_files
 from training import loop
-from training.errors import UserInputError
 
 NUM_LINES = 12
 BAD_LINE = 5  # 1-based line number of the non-UTF-8 line.

@@ -19,6 +19,7 @@ import pytest
 from conftest import run_entry_point, tiny_config
 from jax.sharding import NamedSharding, PartitionSpec
 
+from common.errors import UserInputError
 from input_pipeline.batching import IteratorState
 from training import inference, loop, sharding
 from training.checkpointing import (
@@ -29,7 +30,6 @@ from training.checkpointing import (
     checkpoint_dir,
     damaged_checkpoint_dir,
 )
-from training.errors import UserInputError
 from training.state import TrainState
 
 # --- Tiny states built in-process -------------------------------------------------------------------------

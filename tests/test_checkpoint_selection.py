@@ -12,8 +12,10 @@ import pytest
 from conftest import run_entry_point, tiny_config
 from jax.sharding import NamedSharding, PartitionSpec
 
+from common.errors import UserInputError
 from input_pipeline.batching import IteratorState
 from input_pipeline.tokenizer import load_tokenizer
+from models.build import make_model
 from training import loop, sharding
 from training.checkpointing import (
     CHECKPOINT_CHOICES,
@@ -23,8 +25,7 @@ from training.checkpointing import (
     best_checkpoint_dir,
     save_params,
 )
-from training.errors import UserInputError
-from training.state import TrainState, init_params, make_model
+from training.state import TrainState, init_params
 
 
 def _params(step: int) -> dict:

@@ -8,9 +8,9 @@ import sys
 import pytest
 from conftest import REPO_ROOT
 
+from common.errors import UserInputError
 from input_pipeline.batching import ParallelIds, RaggedIds, TrainBatches, eval_batches
 from training import distributed
-from training.errors import UserInputError
 
 _SLURM_TWO_TASKS = {
     "SLURM_JOB_ID": "7",

@@ -11,10 +11,10 @@ import orbax.checkpoint as ocp
 import pytest
 from conftest import run_entry_point, tiny_config
 
+from common.errors import TrainingStopped, UserInputError
 from configs.validation import validate_config
 from training.checkpointing import best_checkpoint_dir, checkpoint_dir
 from training.divergence import EXIT_STATUS, NonFiniteGuard
-from training.errors import TrainingStopped, UserInputError
 from training.evaluation import nulls_for_nonfinite
 
 

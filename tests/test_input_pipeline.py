@@ -15,11 +15,12 @@ import pytest
 import tensorflow_datasets as tfds
 from conftest import BUNDLED_CORPUS as CORPUS
 
+from common.errors import UserInputError
+from common.special_ids import EOS_ID, PAD_ID
 from configs import tiny
 from input_pipeline import batching, datasets, parallel_text
 from input_pipeline.batching import IteratorState, ParallelIds, RaggedIds, TrainBatches
-from input_pipeline.tokenizer import EOS_ID, PAD_ID, train_tokenizer
-from training.errors import UserInputError
+from input_pipeline.tokenizer import train_tokenizer
 
 NUM_LINES = 200
 SPLITS = ("train", "valid", "test")

@@ -23,7 +23,7 @@ from conftest import REPO_ROOT, tiny_config
 from test_train_loop import _restore
 from tolerances import loss_rtol
 
-from training.state import make_model
+from models.build import make_model
 
 pytestmark = pytest.mark.slow
 

@@ -9,10 +9,10 @@ import pytest
 from conftest import run_entry_point, tiny_config
 
 from input_pipeline.tokenizer import load_tokenizer
+from models.build import make_model
 from training import loop, sharding
 from training.checkpointing import Checkpointer
 from training.optimizer import make_optimizer
-from training.state import make_model
 
 pytestmark = pytest.mark.slow
 

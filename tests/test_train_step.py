@@ -9,9 +9,10 @@ import pytest
 from tolerances import loss_rtol
 
 from configs import default
+from models.build import make_model
 from training import loop, sharding
 from training.optimizer import make_optimizer, rsqrt_schedule
-from training.state import create_train_state, make_model
+from training.state import create_train_state
 from training.steps import compile_train_step, eval_step, smoothed_cross_entropy, train_step, translation_loss
 
 

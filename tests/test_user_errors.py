@@ -18,13 +18,13 @@ import pytest
 from conftest import TINY_MODEL, run_entry_point, tiny_config
 from test_bad_input import assert_clean_failure, snapshot
 
+from common.errors import UserInputError
 from configs.validation import validate_config
 from input_pipeline import tokenizer as tokenizer_lib
 from input_pipeline.parallel_text import decode_lines
 from models import Transformer
 from models.decoding import decoding_memory_bytes
 from training import io_errors
-from training.errors import UserInputError
 from training.state import init_params
 
 # The message Orbax raised (from TensorStore) when a checkpoint save filled a tmpfs, as it was.

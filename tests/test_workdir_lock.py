@@ -11,7 +11,7 @@ import pytest
 from conftest import REPO_ROOT, entry_point_env, run_entry_point
 from test_bad_input import assert_clean_failure, snapshot
 
-from training.errors import UserInputError
+from common.errors import UserInputError
 from training.workdir import LOCK_FILE, training_lock
 
 # Holds the lock of sys.argv[1] until killed.

@@ -24,9 +24,9 @@ from matplotlib.colors import Normalize
 from matplotlib.figure import Figure
 from matplotlib.font_manager import FontProperties
 
+from common.errors import UserInputError
 from models import Transformer
 from models.classifier import Classifier
-from training.errors import UserInputError
 from training.metrics_writer import MetricWriter
 
 # SentencePiece's piece for bos_id: the first decoder input, and the classifier's [CLS] token.

@@ -11,7 +11,7 @@ from typing import Any, Literal
 import jax
 import numpy as np
 
-from training.errors import UserInputError
+from common.errors import UserInputError
 
 CHECKPOINT_CHOICES = "'latest', 'best', 'average:N' (the mean of the last N checkpoints) or a step number"
 

@@ -18,8 +18,8 @@ import numpy as np
 import orbax.checkpoint as ocp
 from jax.experimental import multihost_utils
 
+from common.errors import UserInputError
 from training.checkpoint_integrity import Summary, leaf_names
-from training.errors import UserInputError
 
 
 class DamagedCheckpointError(UserInputError):

@@ -30,11 +30,11 @@ import orbax.checkpoint as ocp
 from absl import logging
 from jax.experimental import multihost_utils
 
+from common.errors import UserInputError
 from input_pipeline.batching import IteratorState
 from training.checkpoint_choice import CHECKPOINT_CHOICES, BestScore, Selection, mean_params, resolve_choice
 from training.checkpoint_integrity import Summary
 from training.checkpoint_restore import DamagedCheckpointError, one_line, restore_verified, some_names
-from training.errors import UserInputError
 from training.state import TrainState
 
 __all__ = [

@@ -18,15 +18,16 @@ import numpy as np
 from absl import logging
 from jax.experimental import multihost_utils
 
+from common import processes
+from common.special_ids import PAD_ID
 from input_pipeline import batching
 from input_pipeline.corpus import LabelledCorpus, load_labelled_corpus
-from input_pipeline.tokenizer import PAD_ID
+from models.build import make_model
 from models.classifier import Classifier
-from training import classification_metrics, distributed, evaluation, sharding
+from training import classification_metrics, evaluation, sharding
 from training.inference import classifier_attention_figures, encode_sources
 from training.metrics_writer import MetricWriter
 from training.sharding import process_rows, shard_batch
-from training.state import make_model
 from training.steps import LossFn, weighted_metrics
 
 PREDICTIONS_FILE = "predictions.tsv"
@@ -154,7 +155,7 @@ class ClassificationEvaluator:
         figures = (
             classifier_attention_figures(self.model, params, self.corpus.tokenizer, text.texts[0]) if len(text) else {}
         )
-        if not distributed.is_main_process():
+        if not processes.is_main_process():
             return scores
         out_dir = os.path.join(workdir, "eval", split)
         os.makedirs(out_dir, exist_ok=True)

@@ -1,4 +1,4 @@
-"""Several processes (hosts) as one JAX program: start-up, process 0's privileges, barriers.
+"""Several processes (hosts) as one JAX program: start-up and the connection between them.
 
 Every process runs the same program on its own devices; `jax.distributed`
 connects them so that arrays and jitted steps span the devices of all of them.
@@ -8,15 +8,14 @@ terminated with an error naming the cause, instead of waiting forever in a
 collective.
 """
 
-import contextlib
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 
 import jax
 from absl import logging
-from jax.experimental import multihost_utils
 
-from training.errors import UserInputError
+from common.errors import UserInputError
+from common.processes import barrier
 
 MODES = ("auto", "on", "off")
 
@@ -116,28 +115,3 @@ def initialize(
 def is_connected() -> bool:
     """Whether this process is one of several connected by `initialize`."""
     return jax.distributed.is_initialized()
-
-
-def is_main_process() -> bool:
-    """Whether this process writes the run's files (logs, summaries, evaluation output, tokenizer)."""
-    return jax.process_index() == 0
-
-
-def barrier(name: str) -> None:
-    """Waits until every process has reached the barrier `name` (a no-op for one process)."""
-    if jax.process_count() > 1:
-        multihost_utils.sync_global_devices(name)
-
-
-@contextlib.contextmanager
-def main_process_first(name: str) -> Iterator[None]:
-    """Runs the block on process 0 first, then on the others.
-
-    For work whose files the other processes then read instead of writing them
-    again (a prepared dataset, a trained tokenizer). `name` names the barrier.
-    """
-    if not is_main_process():
-        barrier(name)
-    yield
-    if is_main_process():
-        barrier(name)

@@ -19,7 +19,7 @@ import jax
 import numpy as np
 from absl import logging
 
-from training.errors import TrainingStopped
+from common.errors import TrainingStopped
 
 MODES = ("stop", "skip")
 EXIT_STATUS = 3  # Not 1 (a crash) or 2 (bad input): rerunning the same command diverges again.

@@ -15,12 +15,12 @@ import sentencepiece as spm
 from absl import logging
 from jax.experimental import multihost_utils
 
+from common import processes
+from common.special_ids import BOS_ID, EOS_ID, PAD_ID
 from input_pipeline import batching
 from input_pipeline.datasets import TextPairs
-from input_pipeline.tokenizer import BOS_ID, EOS_ID, PAD_ID
 from models import Transformer
 from models.decoding import beam_search, decode_length, greedy_decode, sample_decode
-from training import distributed
 from training.sharding import process_rows, shard_batch
 
 EvalFn = Callable  # (params, batch) -> {'nll', 'correct', 'tokens'} sums
@@ -181,7 +181,7 @@ def evaluate_split(
     scores["chrf"], scores["chrf_signature"] = chrf(hypotheses, text.targets)
     scores["decoding"] = setup.decoding
     scores = nulls_for_nonfinite(scores)
-    if not distributed.is_main_process():
+    if not processes.is_main_process():
         return scores, hypotheses
     os.makedirs(out_dir, exist_ok=True)
     for name, lines in (("hypotheses.txt", hypotheses), ("references.txt", text.targets)):

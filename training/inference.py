@@ -15,14 +15,15 @@ import ml_collections
 import sentencepiece as spm
 from absl import logging
 
+from common.errors import UserInputError
 from input_pipeline import tokenizer as tokenizer_lib
 from input_pipeline.batching import RaggedIds
 from input_pipeline.corpus import TOKENIZER_FILE, Labels, load_labels
 from models import Transformer
+from models.build import is_classification, make_model
 from training import evaluation, sharding
 from training.checkpointing import Checkpointer, Selection, checkpoint_dir
-from training.errors import UserInputError
-from training.state import init_boxed_params, is_classification, make_model
+from training.state import init_boxed_params
 
 CONFIG_FILE = "config.json"
 

@@ -13,7 +13,7 @@ import errno
 import os
 import re
 
-from training.errors import UserInputError
+from common.errors import UserInputError
 
 # The errors a user fixes by freeing space or choosing another folder, not bugs.
 STORAGE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EFBIG})

@@ -12,10 +12,10 @@ import numpy as np
 from absl import logging
 from tqdm import tqdm
 
+from common.errors import TrainingStopped, UserInputError
 from input_pipeline import batching
 from training import divergence, preemption, sharding, tasks
 from training.checkpointing import Checkpointer, averaged_checkpoint_dir, save_params
-from training.errors import TrainingStopped, UserInputError
 from training.inference import load_trained_model, save_config
 from training.metrics_writer import MetricWriter
 from training.optimizer import make_optimizer

@@ -30,7 +30,7 @@ import types
 import jax
 from jax.experimental import multihost_utils
 
-from training.errors import TrainingStopped
+from common.errors import TrainingStopped
 
 
 def exit_status(signal_number: int) -> int:

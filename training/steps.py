@@ -20,7 +20,8 @@ import optax
 from jax import lax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from input_pipeline.tokenizer import PAD_ID
+from common.mesh_axes import LogicalRules
+from common.special_ids import PAD_ID
 from models import Transformer
 from training import sharding
 from training.state import TrainState
@@ -260,7 +261,7 @@ PMAP_AXIS = "devices"
 def compile_train_step(
     compilation: str,
     mesh: Mesh,
-    rules: sharding.LogicalRules,
+    rules: LogicalRules,
     state_shardings: Any,
     *,
     loss_fn: LossFn,

@@ -15,7 +15,7 @@ import ml_collections
 import sentencepiece as spm
 
 from input_pipeline.batching import Examples
-from training.state import is_classification
+from models.build import is_classification
 from training.steps import LossFn
 
 

@@ -3,9 +3,9 @@
 import sys
 from collections.abc import Callable
 
+from common.errors import UserInputError
 from input_pipeline.parallel_text import decode_lines
 from training import io_errors
-from training.errors import UserInputError
 
 
 def run_command(command: Callable[[], None], output_folder: str | None) -> None:

@@ -18,10 +18,10 @@ from absl import logging
 from input_pipeline import batching
 from input_pipeline.corpus import Corpus, load_corpus
 from input_pipeline.datasets import TextPairs
+from models.build import make_model
 from training import evaluation, sharding
 from training.inference import write_attention_summary
 from training.metrics_writer import MetricWriter
-from training.state import make_model
 from training.steps import LossFn, eval_step, translation_loss
 
 

@@ -21,7 +21,7 @@ from collections.abc import Iterator
 
 from absl import logging
 
-from training.errors import UserInputError
+from common.errors import UserInputError
 
 LOCK_FILE = "train.lock"
 

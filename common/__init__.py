@@ -1,0 +1,5 @@
+"""Definitions every layer shares: errors, special token ids, process roles and mesh axes.
+
+Entry points, `training/`, `models/`, `input_pipeline/` and `configs/` may all import
+from here; it imports from none of them.
+"""

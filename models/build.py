@@ -1,0 +1,46 @@
+"""The model a run's config describes: the encoder-decoder Transformer, or the encoder classifier."""
+
+import dataclasses
+
+import ml_collections
+
+from common.special_ids import BOS_ID, PAD_ID
+from models.classifier import Classifier, ClassifierConfig
+from models.transformer import Transformer, TransformerConfig
+
+Model = Transformer | Classifier
+
+
+def is_classification(config: ml_collections.ConfigDict) -> bool:
+    """Whether config.task is 'classification' (configs written before tasks existed translate)."""
+    return config.get("task", "translation") == "classification"
+
+
+def make_model(config: ml_collections.ConfigDict, vocab_size: int, num_classes: int = 0) -> Model:
+    """The model config.task asks for, described by config.model, for a vocabulary of `vocab_size`.
+
+    'translation': the encoder-decoder Transformer; 'classification': the encoder
+    Classifier over `num_classes` classes (config.model's decoder fields unused).
+    """
+    model = config.model
+    transformer_config = TransformerConfig(
+        vocab_size=vocab_size,
+        d_model=model.d_model,
+        num_heads=model.num_heads,
+        d_ff=model.d_ff,
+        num_encoder_layers=(model.num_encoder_layers if model.num_encoder_layers > 0 else model.num_layers),
+        num_decoder_layers=(model.num_decoder_layers if model.num_decoder_layers > 0 else model.num_layers),
+        dropout_rate=model.dropout_rate,
+        attention_dropout_rate=model.attention_dropout_rate,
+        positional_encoding=model.positional_encoding,
+        max_len=model.max_len,
+        norm_placement=model.norm_placement,
+        tie_embeddings=model.tie_embeddings,
+        dtype=model.dtype,
+        pad_id=PAD_ID,
+        bos_id=BOS_ID,
+    )
+    if is_classification(config):
+        encoder = dataclasses.replace(transformer_config, num_decoder_layers=0)
+        return Classifier(ClassifierConfig(encoder, num_classes, model.pooling))
+    return Transformer(transformer_config)
