@@ -21,7 +21,7 @@ from ml_collections import config_flags
 from common import processes
 from common.errors import TrainingStopped, UserInputError
 from configs.validation import validate_config
-from training import distributed, io_errors, workdir
+from training import compilation_cache, distributed, io_errors, workdir
 from training.logs import quiet_library_logs
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file (configs/*.py).", lock_config=True)
@@ -98,6 +98,8 @@ def main(argv):
         raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
     quiet_library_logs()
     config = _CONFIG.value
+    # Before anything compiles (connecting several processes does).
+    compilation_cache.enable(config.get("compilation_cache_dir", ""))
     try:
         distributed.initialize(  # Before anything starts a JAX backend (the config check counts devices).
             _COORDINATOR_ADDRESS.value,

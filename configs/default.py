@@ -46,6 +46,9 @@ def get_config() -> ml_collections.ConfigDict:
     # ending training after max_nonfinite_in_a_row such steps in a row.
     config.nonfinite = "stop"
     config.max_nonfinite_in_a_row = 10
+    # JAX's persistent compilation cache: compiled steps are stored here and reused by later
+    # runs and restarts (training/compilation_cache.py). '' turns it off.
+    config.compilation_cache_dir = "~/.cache/aiayn/jax_compilation"
 
     # The device mesh: data x fsdp x tensor must equal the number of devices;
     # one axis may be -1, taking the devices the others leave.

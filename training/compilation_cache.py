@@ -1,0 +1,35 @@
+"""JAX's persistent compilation cache: a restarted or repeated run reuses its compiled steps.
+
+XLA compiles the train step, the evaluation step and each decoding shape on first use;
+with the cache on, the executables are written to `config.compilation_cache_dir` and a
+later run with the same program, devices and JAX version reads them back instead of
+compiling again. Safe to share between runs and processes (entries are written whole).
+"""
+
+import os
+
+import jax
+from absl import logging
+
+# Where the cache lives unless config.compilation_cache_dir says otherwise: per user, not per run.
+DEFAULT_DIR = "~/.cache/aiayn/jax_compilation"
+
+
+def enable(cache_dir: str) -> str | None:
+    """Turns the persistent cache on in `cache_dir` ('~' expanded); '' leaves it off.
+
+    Returns:
+        The cache folder, or None when it is off or cannot be created (logged: a run
+        without the cache is only slower to start).
+    """
+    if not cache_dir:
+        return None
+    path = os.path.abspath(os.path.expanduser(cache_dir))
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError as e:
+        logging.warning("No compilation cache: cannot create %s (%s); every step compiles anew.", path, e.strerror)
+        return None
+    jax.config.update("jax_compilation_cache_dir", path)
+    logging.info("Compilation cache: %s", path)
+    return path
