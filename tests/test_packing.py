@@ -168,6 +168,8 @@ def test_a_segment_cannot_influence_another():
         return np.asarray(encoded[0]), np.asarray(model.apply({'params': params}, **batch, deterministic=True)[0])
 
     encoded, logits = outputs(batch)
+    # Padded queries attend to nothing (their rows of the masks are all False), yet stay finite.
+    assert np.isfinite(encoded).all() and np.isfinite(logits).all()
     # Row 0 holds segment 1 (pair 0), then segment 2 (pair 2). Change a source and a target token of segment 1.
     changed = {**packing, 'inputs': batch['inputs'].copy(), 'targets': batch['targets'].copy()}
     changed['inputs'][0, 1] = 20
