@@ -138,6 +138,26 @@ def test_positional_encoding_reads_the_given_positions():
     assert np.isnan(encoding.apply({}, embeddings, positions=positions.at[0, 2].set(4))[0, 2]).all()
 
 
+def test_pack_writes_the_rows_grain_packs():
+    """`pack` (the rows these tests feed the model) is the format of grain's packing, which the pipeline uses."""
+    grain = pytest.importorskip('grain')
+    examples = [
+        {'inputs': np.array(source, np.int32), 'targets': np.array(target, np.int32)} for source, target in PAIRS
+    ]
+    packer = grain.experimental.FirstFitPackIterDataset(
+        grain.MapDataset.source(examples).to_iter_dataset(),
+        length_struct={'inputs': PACKED_LENGTH, 'targets': PACKED_LENGTH},
+        num_packing_bins=2,
+        shuffle_bins=False,
+    )
+    rows = list(packer)
+    # First fit: pairs 0 and 1 share a row; pair 2's source no longer fits beside them.
+    expected = pack(PAIRS, [[0, 1], [2]], PACKED_LENGTH)
+    assert sorted(rows[0]) == sorted(expected)
+    for key, value in expected.items():
+        np.testing.assert_array_equal(np.stack([row[key] for row in rows]), value, err_msg=key)
+
+
 def test_packing_arrays_come_together():
     model, params = init_params(CONFIG)
     batch = pack(PAIRS, PACKED_ROWS, PACKED_LENGTH)
