@@ -45,6 +45,25 @@ def causal_mask(length: int) -> Array:
     return jnp.tril(jnp.ones((length, length), dtype=jnp.bool_))[None, None]
 
 
+def segment_mask(query_segment_ids: Array, key_segment_ids: Array) -> Array:
+    """Lets each query attend to the keys of its own segment, in rows that pack several sequences.
+
+    Segments are numbered 1, 2, ... within a row and 0 marks padding, which no query
+    may attend to: a padded query's row is all False (MASK_VALUE keeps it finite).
+    Segment k of the query row meets segment k of the key row, so the same mask
+    serves self-attention and cross-attention (target segment k to source segment k).
+
+    Args:
+        query_segment_ids: [batch, q_len] int.
+        key_segment_ids: [batch, kv_len] int.
+
+    Returns:
+        [batch, 1, q_len, kv_len] bool.
+    """
+    same_segment = query_segment_ids[:, None, :, None] == key_segment_ids[:, None, None, :]
+    return same_segment & (key_segment_ids != 0)[:, None, None, :]
+
+
 # --------------------------------------------------------------------------- #
 # Attention.
 # --------------------------------------------------------------------------- #

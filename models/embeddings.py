@@ -77,10 +77,23 @@ class PositionalEncoding(nn.Module):
     max_len: int
 
     @nn.compact
-    def __call__(self, embeddings: Array, *, offset: Array | int = 0) -> Array:
-        """Adds the encodings of positions offset .. offset + length - 1 to [batch, length, d_model]."""
+    def __call__(self, embeddings: Array, *, offset: Array | int = 0, positions: Array | None = None) -> Array:
+        """Adds the encodings of positions offset .. offset + length - 1, or of `positions`, to the embeddings.
+
+        Args:
+            embeddings: [batch, length, d_model].
+            offset: the position of the first column (incremental decoding).
+            positions: [batch, length] int, each token's position within its own
+                sequence (0, 1, ... restarting at every sequence of a packed row);
+                replaces `offset`. Each must be below max_len.
+
+        Returns:
+            [batch, length, d_model] float32.
+        """
         length, d_model = embeddings.shape[-2:]
-        if length > self.max_len or (isinstance(offset, int) and offset + length > self.max_len):
+        if positions is None and (
+            length > self.max_len or (isinstance(offset, int) and offset + length > self.max_len)
+        ):
             raise ValueError(f'Positions up to {offset + length} exceed max_len={self.max_len}.')
         if self.kind == 'sinusoidal':
             table = jnp.asarray(sinusoidal_positions(self.max_len, d_model))
@@ -93,4 +106,8 @@ class PositionalEncoding(nn.Module):
             )
         else:
             raise ValueError(f"Unknown positional encoding {self.kind!r}; expected 'sinusoidal' or 'learned'.")
+        if positions is not None:
+            # Traced positions cannot be checked here; one beyond the table reads NaN
+            # (which the train step refuses) rather than a silently clipped row.
+            return embeddings + jnp.take(table, positions, axis=0, mode='fill')
         return embeddings + jax.lax.dynamic_slice_in_dim(table, offset, length)[None]

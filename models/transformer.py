@@ -4,6 +4,13 @@ Shapes: source ids [batch, src_len], target ids [batch, tgt_len], hidden states
 [batch, length, d_model], logits [batch, tgt_len, vocab]. Padding (pad_id) only ever
 trails the real tokens.
 
+Packing: a training row may hold several pairs, described per side by 'segment_ids'
+[batch, length] int32 (1, 2, ... per pair, 0 at padding; source segment k is the source
+of target segment k) and 'positions' [batch, length] int32 (0, 1, ... restarting in each
+segment). With them, every attention stays inside its pair, the decoder input restarts
+with bos in each segment, and the positional encodings use the given positions, so each
+pair's logits are those it would get in a row of its own. Without them a row is one pair.
+
 Precision: parameters, the residual stream, LayerNorm, softmax and logits are float32;
 with dtype='bfloat16' only the matmul operands are bfloat16 (accumulated in float32).
 """
@@ -17,7 +24,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from models.attention import MultiHeadAttention, causal_mask, padding_mask
+from models.attention import MultiHeadAttention, causal_mask, padding_mask, segment_mask
 from models.embeddings import PositionalEncoding, TokenEmbedding
 from models.precision import float32_accumulating_dot_general
 
@@ -67,6 +74,28 @@ def shift_right(targets: Array, bos_id: int) -> Array:
     """
     bos = jnp.full((targets.shape[0], 1), bos_id, dtype=targets.dtype)
     return jnp.concatenate([bos, targets[:, :-1]], axis=1)
+
+
+def shift_right_per_segment(targets: Array, positions: Array, bos_id: int) -> Array:
+    """`shift_right` within each sequence of packed rows: bos where a sequence starts, not the previous one's end.
+
+    Args:
+        targets: [batch, tgt_len] int ids of packed target sequences.
+        positions: [batch, tgt_len] int, each token's position within its sequence (0 at its start).
+        bos_id: id placed at each sequence's position 0.
+
+    Returns:
+        [batch, tgt_len] int ids.
+    """
+    return jnp.where(positions == 0, jnp.asarray(bos_id, targets.dtype), shift_right(targets, bos_id))
+
+
+def _check_packing(**packing: Array | None) -> None:
+    """Raises ValueError unless the packing arrays are all given (packed rows) or all None (one pair a row)."""
+    given = [name for name, array in packing.items() if array is not None]
+    if given and len(given) != len(packing):
+        missing = [name for name in packing if name not in given]
+        raise ValueError(f'Packed rows need {", ".join(packing)} together; missing {", ".join(missing)}.')
 
 
 def add_residual(
@@ -286,15 +315,35 @@ class Encoder(nn.Module):
     token_embedding: TokenEmbedding
 
     @nn.compact
-    def __call__(self, inputs: Array, *, deterministic: bool) -> Array:
-        """Maps source ids [batch, src_len] to encodings [batch, src_len, d_model] float32."""
+    def __call__(
+        self,
+        inputs: Array,
+        *,
+        segment_ids: Array | None = None,
+        positions: Array | None = None,
+        deterministic: bool,
+    ) -> Array:
+        """Maps source ids [batch, src_len] to encodings [batch, src_len, d_model] float32.
+
+        Args:
+            inputs: [batch, src_len] int ids, pad_id-padded.
+            segment_ids, positions: [batch, src_len] int, for rows that pack several
+                sources (see the module docstring); None for one source a row.
+            deterministic: disables dropout.
+        """
         config = self.config
+        _check_packing(segment_ids=segment_ids, positions=positions)
         x = self.token_embedding(inputs)
-        x = PositionalEncoding(config.positional_encoding, config.max_len, name='position_embedding')(x)
+        x = PositionalEncoding(config.positional_encoding, config.max_len, name='position_embedding')(
+            x, positions=positions
+        )
         x = nn.Dropout(config.dropout_rate)(x, deterministic=deterministic)
 
-        source_valid = inputs != config.pad_id
-        mask = padding_mask(source_valid, source_valid)
+        if segment_ids is None:
+            source_valid = inputs != config.pad_id
+            mask = padding_mask(source_valid, source_valid)
+        else:
+            mask = segment_mask(segment_ids, segment_ids)
         for i in range(config.num_encoder_layers):
             x = EncoderLayer(config, name=f'layers_{i}')(x, mask, deterministic=deterministic)
         if config.norm_placement == 'pre':
@@ -324,8 +373,10 @@ class Decoder(nn.Module):
         if config.norm_placement == 'pre':
             self.final_norm = _layer_norm()
 
-    def _embed(self, ids: Array, *, offset: Array | int = 0, deterministic: bool) -> Array:
-        x = self.position_embedding(self.token_embedding(ids), offset=offset)
+    def _embed(
+        self, ids: Array, *, offset: Array | int = 0, positions: Array | None = None, deterministic: bool
+    ) -> Array:
+        x = self.position_embedding(self.token_embedding(ids), offset=offset, positions=positions)
         return self.dropout(x, deterministic=deterministic)
 
     def _final(self, x: Array) -> Array:
@@ -337,23 +388,46 @@ class Decoder(nn.Module):
         # source's padding length.
         return padding_mask(jnp.ones((inputs.shape[0], query_length), bool), inputs != self.config.pad_id)
 
-    def __call__(self, encoded: Array, inputs: Array, decoder_inputs: Array, *, deterministic: bool) -> Array:
+    def __call__(
+        self,
+        encoded: Array,
+        inputs: Array,
+        decoder_inputs: Array,
+        *,
+        inputs_segment_ids: Array | None = None,
+        targets_segment_ids: Array | None = None,
+        targets_positions: Array | None = None,
+        deterministic: bool,
+    ) -> Array:
         """Computes decoder hidden states.
 
         Args:
             encoded: [batch, src_len, d_model] encoder output.
             inputs: [batch, src_len] source ids, used only for the source padding mask.
-            decoder_inputs: [batch, tgt_len] ids starting with bos.
+            decoder_inputs: [batch, tgt_len] ids starting with bos (in packed rows, each
+                sequence starting with bos: `shift_right_per_segment`).
+            inputs_segment_ids: [batch, src_len] int, for packed rows; None for one pair a row.
+            targets_segment_ids, targets_positions: [batch, tgt_len] int, for packed rows.
             deterministic: disables dropout.
 
         Returns:
             [batch, tgt_len, d_model] float32.
         """
-        x = self._embed(decoder_inputs, deterministic=deterministic)
-        # Causal masking alone suffices: padding only trails the real tokens, so real
-        # positions never see it, and position 0 (bos) keeps every row non-empty.
-        self_attention_mask = causal_mask(decoder_inputs.shape[1])
-        cross_attention_mask = self._cross_attention_mask(inputs, decoder_inputs.shape[1])
+        _check_packing(
+            inputs_segment_ids=inputs_segment_ids,
+            targets_segment_ids=targets_segment_ids,
+            targets_positions=targets_positions,
+        )
+        length = decoder_inputs.shape[1]
+        x = self._embed(decoder_inputs, positions=targets_positions, deterministic=deterministic)
+        if targets_segment_ids is None:
+            # Causal masking alone suffices: padding only trails the real tokens, so real
+            # positions never see it, and position 0 (bos) keeps every row non-empty.
+            self_attention_mask = causal_mask(length)
+            cross_attention_mask = self._cross_attention_mask(inputs, length)
+        else:
+            self_attention_mask = causal_mask(length) & segment_mask(targets_segment_ids, targets_segment_ids)
+            cross_attention_mask = segment_mask(targets_segment_ids, inputs_segment_ids)
         for layer in self.layers:
             x = layer(x, encoded, self_attention_mask, cross_attention_mask, deterministic=deterministic)
         return self._final(x)
@@ -412,9 +486,19 @@ class Transformer(nn.Module):
         self.encoder = Encoder(config, source_embedding)
         self.decoder = Decoder(config, target_embedding)
 
-    def encode(self, inputs: Array, *, deterministic: bool) -> Array:
-        """Source ids [batch, src_len] (pad_id-padded) -> encoded [batch, src_len, d_model]."""
-        return self.encoder(inputs, deterministic=deterministic)
+    def encode(
+        self,
+        inputs: Array,
+        *,
+        segment_ids: Array | None = None,
+        positions: Array | None = None,
+        deterministic: bool,
+    ) -> Array:
+        """Source ids [batch, src_len] (pad_id-padded) -> encoded [batch, src_len, d_model].
+
+        `segment_ids` and `positions` [batch, src_len] describe packed rows (module docstring).
+        """
+        return self.encoder(inputs, segment_ids=segment_ids, positions=positions, deterministic=deterministic)
 
     def _logits(self, hidden: Array) -> Array:
         if self.config.tie_embeddings:
@@ -423,16 +507,38 @@ class Transformer(nn.Module):
             logits = self.output_projection(hidden)
         return logits.astype(jnp.float32)
 
-    def decode(self, encoded: Array, inputs: Array, decoder_inputs: Array, *, deterministic: bool) -> Array:
+    def decode(
+        self,
+        encoded: Array,
+        inputs: Array,
+        decoder_inputs: Array,
+        *,
+        inputs_segment_ids: Array | None = None,
+        targets_segment_ids: Array | None = None,
+        targets_positions: Array | None = None,
+        deterministic: bool,
+    ) -> Array:
         """Next-token logits [batch, tgt_len, vocab] float32 for each decoder input position.
 
         Args:
             encoded: [batch, src_len, d_model] from `encode`.
             inputs: [batch, src_len] source ids, used only for the source padding mask.
-            decoder_inputs: [batch, tgt_len] ids, already starting with bos_id.
+            decoder_inputs: [batch, tgt_len] ids, already starting with bos_id (in each
+                sequence, for packed rows).
+            inputs_segment_ids: [batch, src_len], targets_segment_ids and targets_positions
+                [batch, tgt_len]: for packed rows (module docstring); None for one pair a row.
             deterministic: disables dropout.
         """
-        return self._logits(self.decoder(encoded, inputs, decoder_inputs, deterministic=deterministic))
+        hidden = self.decoder(
+            encoded,
+            inputs,
+            decoder_inputs,
+            inputs_segment_ids=inputs_segment_ids,
+            targets_segment_ids=targets_segment_ids,
+            targets_positions=targets_positions,
+            deterministic=deterministic,
+        )
+        return self._logits(hidden)
 
     def init_cache(self, encoded: Array, max_length: int) -> DecoderCache:
         """Key/value cache for generating up to `max_length` tokens from `encoded` [batch, src_len, d_model]."""
@@ -454,14 +560,46 @@ class Transformer(nn.Module):
         hidden, cache = self.decoder.decode_step(inputs, decoder_input, position, cache)
         return self._logits(hidden)[:, 0], cache
 
-    def __call__(self, inputs: Array, targets: Array, *, deterministic: bool) -> Array:
+    def __call__(
+        self,
+        inputs: Array,
+        targets: Array,
+        *,
+        inputs_segment_ids: Array | None = None,
+        inputs_positions: Array | None = None,
+        targets_segment_ids: Array | None = None,
+        targets_positions: Array | None = None,
+        deterministic: bool,
+    ) -> Array:
         """Teacher-forced logits [batch, tgt_len, vocab]; logits[:, i] predicts targets[:, i].
 
         Args:
-            inputs: [batch, src_len] int32 source ids (pad_id-padded, ending with eos).
-            targets: [batch, tgt_len] int32 target ids (pad_id-padded, ending with eos).
+            inputs: [batch, src_len] int32 source ids (pad_id-padded, each sequence ending with eos).
+            targets: [batch, tgt_len] int32 target ids (pad_id-padded, each sequence ending with eos).
+            inputs_segment_ids, inputs_positions: [batch, src_len] int32;
+            targets_segment_ids, targets_positions: [batch, tgt_len] int32: all four for
+                rows that pack several pairs (module docstring), or none for one pair a row.
             deterministic: disables dropout; otherwise a 'dropout' rng is required.
         """
-        encoded = self.encode(inputs, deterministic=deterministic)
-        decoder_inputs = shift_right(targets, self.config.bos_id)
-        return self.decode(encoded, inputs, decoder_inputs, deterministic=deterministic)
+        _check_packing(
+            inputs_segment_ids=inputs_segment_ids,
+            inputs_positions=inputs_positions,
+            targets_segment_ids=targets_segment_ids,
+            targets_positions=targets_positions,
+        )
+        encoded = self.encode(
+            inputs, segment_ids=inputs_segment_ids, positions=inputs_positions, deterministic=deterministic
+        )
+        if targets_positions is None:
+            decoder_inputs = shift_right(targets, self.config.bos_id)
+        else:
+            decoder_inputs = shift_right_per_segment(targets, targets_positions, self.config.bos_id)
+        return self.decode(
+            encoded,
+            inputs,
+            decoder_inputs,
+            inputs_segment_ids=inputs_segment_ids,
+            targets_segment_ids=targets_segment_ids,
+            targets_positions=targets_positions,
+            deterministic=deterministic,
+        )
