@@ -4,6 +4,7 @@ import dataclasses
 import functools
 
 import flax.linen as nn
+import grain
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -140,7 +141,6 @@ def test_positional_encoding_reads_the_given_positions():
 
 def test_pack_writes_the_rows_grain_packs():
     """`pack` (the rows these tests feed the model) is the format of grain's packing, which the pipeline uses."""
-    grain = pytest.importorskip('grain')
     examples = [
         {'inputs': np.array(source, np.int32), 'targets': np.array(target, np.int32)} for source, target in PAIRS
     ]
