@@ -15,11 +15,11 @@ from tolerances import loss_rtol, rounding_tolerance, transformer_operations
 from configs import default
 from models import Transformer
 from models.attention import segment_mask
+from models.build import make_model
 from models.embeddings import PositionalEncoding, sinusoidal_positions
 from models.transformer import shift_right_per_segment
 from training import loop, sharding
 from training.optimizer import make_optimizer
-from training.state import make_model
 from training.steps import compile_train_step, smoothed_cross_entropy, translation_loss
 
 # Without dropout, so that packed and unpacked rows run the same function.
