@@ -76,8 +76,9 @@ def _check_random_access(builder: tfds.core.DatasetBuilder, dataset: ml_collecti
     if RECORDS_FORMAT not in {file_format.value for file_format in builder.info.available_file_formats()}:
         raise UserInputError(
             f"Dataset {dataset.name!r} in {builder.data_dir} is prepared as {builder.info.file_format.value}, "
-            f"but training reads {RECORDS_FORMAT} files (random access): prepare it again with `tfds build "
-            f"{dataset.name} --file_format={RECORDS_FORMAT} --data_dir=DIR` and set --config.dataset.data_dir=DIR."
+            f"but training reads {RECORDS_FORMAT} files (random access): set --config.dataset.data_dir to a new "
+            f"folder, where the run prepares it as {RECORDS_FORMAT}, or prepare it with `tfds build {dataset.name} "
+            f"--file_format={RECORDS_FORMAT} --data_dir=DIR` and set --config.dataset.data_dir=DIR."
         )
 
 

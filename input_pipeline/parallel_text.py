@@ -239,8 +239,8 @@ class ParallelText(tfds.core.GeneratorBasedBuilder):
     def _download_and_prepare(self, dl_manager, download_config=None) -> None:
         """Writes each split into one ArrayRecord file, a pair at a time, in file order.
 
-        TFDS's own writer would hold up to 1 GB of examples in memory and then sort a whole
-        split read back from disk (its shuffler keeps order by sorting keys), ~2 GB at 1 GB of text.
+        Not TFDS's writer: it holds up to 1 GB of examples in memory, then reads a whole split back
+        from disk to sort it by key (peak RSS 3.0 GB preparing 0.95 GB of text, against 0.5 GB here).
         """
         del download_config
         split_infos = []
