@@ -156,3 +156,13 @@ def test_tokenizer_sample_is_seeded_bounded_and_read_by_random_access(train_reco
     assert datasets.sample_sentences(train_records, LANGS, 100, seed=4) != sample
     # No more sentences than there are: all of them, sources then targets.
     assert datasets.sample_sentences(train_records, LANGS, 10_000, seed=3) == sources + targets
+
+
+def test_a_split_without_a_whole_pair_is_a_user_error(tmp_path):
+    folder = tmp_path / "corpus"
+    folder.mkdir()
+    (folder / "train.en").write_text("one\n\nthree\n\n", encoding="utf-8")
+    (folder / "train.de").write_text("\nzwei\n\nvier\n", encoding="utf-8")  # Each file has text; no pair has both.
+    config = config_for(str(folder), tmp_path)
+    with pytest.raises(UserInputError, match=r"train\.en and .*train\.de hold no pair with text on both sides"):
+        datasets.make_builder(config.dataset, str(tmp_path / "work"), required_splits=("train",))
