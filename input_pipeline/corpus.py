@@ -3,7 +3,7 @@
 import collections
 import dataclasses
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import ml_collections
 import sentencepiece as spm
@@ -23,9 +23,17 @@ LABELS_FILE = "labels.tsv"
 
 @dataclasses.dataclass(frozen=True)
 class Corpus:
+    """A translation corpus: the training split as records to stream, the evaluation splits in memory."""
+
     tokenizer: spm.SentencePieceProcessor
-    text: dict[str, datasets.TextPairs]  # split -> sentence pairs
-    ids: dict[str, ParallelIds]  # split -> subword ids (train: length-filtered)
+    tokenizer_path: str  # <workdir>/tokenizer.model, for processes that load the tokenizer themselves.
+    # The train split as a random-access source (len(), [i]): record i is {source_lang: bytes, target_lang:
+    # bytes} (UTF-8), read from the prepared ArrayRecord files; None when the run needs no training split.
+    train_records: Sequence[dict[str, bytes]] | None
+    source_lang: str  # The records' keys.
+    target_lang: str
+    text: dict[str, datasets.TextPairs]  # Evaluation split -> sentence pairs.
+    ids: dict[str, ParallelIds]  # Evaluation split -> subword ids, each sequence ending with <eos>.
 
 
 def load_corpus(
@@ -37,9 +45,14 @@ def load_corpus(
 ) -> Corpus:
     """Loads `splits` of config.dataset with the workdir's tokenizer.
 
-    The tokenizer is trained on the train split on the first run and read from
-    <workdir>/tokenizer.model afterwards, so a restarted or evaluated run uses
-    the same subwords.
+    The dataset is prepared in ArrayRecord files on the first run (datasets.make_builder);
+    later runs open them without reading the text again. The train split stays on disk as
+    `train_records`; every other split of `splits` (and the train split too, if it is also
+    config.dataset.valid_split or config.eval.split) is read and tokenized whole.
+
+    The tokenizer is trained on the first run, on at most config.tokenizer.max_training_sentences
+    sentences of both sides of the train split drawn with config.seed, and read from
+    <workdir>/tokenizer.model afterwards, so a restarted or evaluated run uses the same subwords.
 
     Raises:
         UserInputError: bad dataset (see datasets.make_builder); no tokenizer
@@ -48,23 +61,36 @@ def load_corpus(
             describes (vocab_size, model_type).
     """
     dataset = config.dataset
+    langs = (dataset.source_lang, dataset.target_lang)
     tokenizer = _checked_workdir_tokenizer(config, workdir, allow_training_tokenizer=allow_training_tokenizer)
     needed = splits if tokenizer is not None else tuple(dict.fromkeys((dataset.train_split, *splits)))
     # Process 0 prepares the dataset and trains the tokenizer; the others then read both.
     with processes.main_process_first("prepare_dataset"):
         builder = datasets.make_builder(dataset, workdir, required_splits=needed)
-    text = {
-        split: datasets.load_text_pairs(builder, split, dataset.source_lang, dataset.target_lang) for split in needed
-    }
-    train = text.get(dataset.train_split)
-    tokenizer = _workdir_tokenizer(config, workdir, tokenizer, lambda: train.sources + train.targets)
-    ids = {}
+    train_records = datasets.records(builder, dataset.train_split) if dataset.train_split in needed else None
+    tokenizer = _workdir_tokenizer(
+        config,
+        workdir,
+        tokenizer,
+        lambda: datasets.sample_sentences(train_records, langs, config.tokenizer.max_training_sentences, config.seed),
+    )
+    evaluated = (dataset.valid_split, config.eval.split)
+    text, ids = {}, {}
     for split in splits:
+        if split == dataset.train_split and split not in evaluated:
+            continue
+        text[split] = datasets.load_text_pairs(builder, split, *langs)
         ids[split] = datasets.tokenize(text[split], tokenizer)
-        if split == dataset.train_split:
-            ids[split] = datasets.filter_by_length(ids[split], dataset.max_length)
         logging.info("%s: %d pairs, %d target subwords.", split, len(ids[split]), int(ids[split].targets.lengths.sum()))
-    return Corpus(tokenizer, {s: text[s] for s in splits}, ids)
+    return Corpus(
+        tokenizer=tokenizer,
+        tokenizer_path=os.path.join(workdir, TOKENIZER_FILE),
+        train_records=train_records if dataset.train_split in splits else None,
+        source_lang=dataset.source_lang,
+        target_lang=dataset.target_lang,
+        text=text,
+        ids=ids,
+    )
 
 
 def _checked_workdir_tokenizer(

@@ -2,6 +2,8 @@
 
 import dataclasses
 import os
+import random
+from collections.abc import Iterable, Iterator, Sequence
 
 import ml_collections
 import numpy as np
@@ -17,7 +19,10 @@ from input_pipeline.labelled_text import TEXT as LABEL_TEXT
 from input_pipeline.parallel_text import ParallelText
 
 LOCAL_DATASET = "parallel_text"
+# Translation datasets are prepared in ArrayRecord files: random access, which training's global shuffle needs.
+RECORDS_FORMAT = "array_record"
 _TOKENIZE_CHUNK = 100_000  # Sentences tokenized at a time.
+_READ_CHUNK = 1_000  # Records read at a time.
 
 
 @dataclasses.dataclass(frozen=True)
@@ -32,11 +37,12 @@ class TextPairs:
 def make_builder(
     dataset: ml_collections.ConfigDict, workdir: str, required_splits: tuple[str, ...]
 ) -> tfds.core.DatasetBuilder:
-    """The TFDS builder named by `dataset`, prepared and checked.
+    """The TFDS builder named by `dataset`, prepared (once, in ArrayRecord files) and checked.
 
     Raises:
         UserInputError: unknown dataset, bad local files, missing languages or
-            splits, or a named dataset that is not prepared and cannot be fetched.
+            splits, a named dataset that is not prepared and cannot be fetched, or
+            one prepared in a format without random access (TFRecord).
     """
     if dataset.name == LOCAL_DATASET:
         builder = ParallelText(
@@ -48,17 +54,8 @@ def make_builder(
         )
     else:
         builder = _registered_builder(dataset, f"'wmt14_translate/de-en', or '{LOCAL_DATASET}'")
-    try:
-        builder.download_and_prepare()
-    except Exception as e:  # pylint: disable=broad-except
-        if dataset.name == LOCAL_DATASET:
-            raise  # The files were checked: this is not the user's to fix.
-        raise UserInputError(
-            f"Could not prepare dataset {dataset.name!r} in {builder.data_dir}: "
-            f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}. "
-            "Prepare it where the internet is reachable (`tfds build`) and set "
-            "--config.dataset.data_dir."
-        ) from None
+    _prepare(builder, dataset, local=dataset.name == LOCAL_DATASET, file_format=RECORDS_FORMAT)
+    _check_random_access(builder, dataset)
     features = set(builder.info.features.keys())
     for lang in (dataset.source_lang, dataset.target_lang):
         if lang not in features:
@@ -74,14 +71,72 @@ def make_builder(
     return builder
 
 
+def _check_random_access(builder: tfds.core.DatasetBuilder, dataset: ml_collections.ConfigDict) -> None:
+    """Raises UserInputError if `builder` was prepared (by the user, earlier) without ArrayRecord files."""
+    if RECORDS_FORMAT not in {file_format.value for file_format in builder.info.available_file_formats()}:
+        raise UserInputError(
+            f"Dataset {dataset.name!r} in {builder.data_dir} is prepared as {builder.info.file_format.value}, "
+            f"but training reads {RECORDS_FORMAT} files (random access): set --config.dataset.data_dir to a new "
+            f"folder, where the run prepares it as {RECORDS_FORMAT}, or prepare it with `tfds build {dataset.name} "
+            f"--file_format={RECORDS_FORMAT} --data_dir=DIR` and set --config.dataset.data_dir=DIR."
+        )
+
+
+def records(builder: tfds.core.DatasetBuilder, split: str) -> Sequence[dict[str, bytes]]:
+    """`split` as a random-access source: len() and [i], record i a {feature: value} dict (text as UTF-8 bytes).
+
+    Opens the split's ArrayRecord files; reads nothing until indexed.
+    """
+    return builder.as_data_source(split)
+
+
+def read_records(source: Sequence[dict], indices: Iterable[int]) -> Iterator[dict]:
+    """The records `indices` of a data source, in that order, read a chunk at a time (batched reads)."""
+    chunk = []
+    for index in indices:
+        chunk.append(index)
+        if len(chunk) == _READ_CHUNK:
+            yield from source.__getitems__(chunk)
+            chunk = []
+    if chunk:
+        yield from source.__getitems__(chunk)
+
+
 def load_text_pairs(builder: tfds.core.DatasetBuilder, split: str, source_lang: str, target_lang: str) -> TextPairs:
-    """All pairs of `split`, in the dataset's order, as Python strings."""
+    """All pairs of `split`, in the dataset's order, as Python strings (for the small evaluation splits)."""
     sources, targets = [], []
-    for example in tfds.as_numpy(builder.as_dataset(split=split)):
-        sources.append(example[source_lang].decode("utf-8"))
-        targets.append(example[target_lang].decode("utf-8"))
+    source = records(builder, split)
+    for record in read_records(source, range(len(source))):
+        sources.append(_text(record[source_lang]))
+        targets.append(_text(record[target_lang]))
     logging.info("Loaded %d %s pairs from %s.", len(sources), split, builder.name)
     return TextPairs(sources, targets)
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode("utf-8") if isinstance(value, bytes) else value  # tfds.testing.mock_data gives str.
+
+
+def sample_sentences(source: Sequence[dict], keys: tuple[str, ...], max_sentences: int, seed: int) -> list[str]:
+    """At most `max_sentences` sentences of `source`'s records, drawn at random from every record's `keys`.
+
+    The draw depends only on len(source), `max_sentences` and `seed`: the sentences are those
+    `random.Random(seed).sample` picks from the list of all sentences of keys[0], then of keys[1], ...
+    (all of them, in that order, if there are no more than `max_sentences`). Only the records
+    holding a picked sentence are read, in file order, by random access.
+    """
+    n = len(source)
+    total = n * len(keys)
+    picks = random.Random(seed).sample(range(total), max_sentences) if total > max_sentences else range(total)
+    picked = np.zeros(total, bool)  # Sentence keys[k] of record i is number k * n + i.
+    picked[list(picks)] = True
+    wanted = np.flatnonzero(picked.reshape(len(keys), n).any(axis=0)).tolist()
+    texts = {}
+    for index, record in zip(wanted, read_records(source, wanted), strict=True):
+        for side, key in enumerate(keys):
+            if picked[side * n + index]:
+                texts[side * n + index] = _text(record[key])
+    return [texts[pick] for pick in picks]
 
 
 def tokenize(
@@ -164,9 +219,12 @@ def _registered_builder(dataset: ml_collections.ConfigDict, examples: str) -> tf
         ) from None
 
 
-def _prepare(builder: tfds.core.DatasetBuilder, dataset: ml_collections.ConfigDict, *, local: bool) -> None:
+def _prepare(
+    builder: tfds.core.DatasetBuilder, dataset: ml_collections.ConfigDict, *, local: bool, file_format: str = "tfrecord"
+) -> None:
+    """Prepares `builder` unless it is (in whatever format it was prepared); `file_format`: for a new preparation."""
     try:
-        builder.download_and_prepare()
+        builder.download_and_prepare(file_format=file_format)
     except Exception as e:  # pylint: disable=broad-except
         if local:
             raise  # The files were checked: this is not the user's to fix.

@@ -146,16 +146,10 @@ def test_local_builder_refuses_a_missing_required_split(tmp_path, corpus_slice, 
 # --- Named TFDS datasets, mocked ----------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def wmt_metadata(tmp_path_factory):
-    """A TFDS data_dir holding only the metadata of wmt14_translate/de-en (no examples).
-
-    `mock_data` reads split names from it (policy USE_FILES); without it the
-    mocked builder has no splits at all.
-    """
-    data_dir = tmp_path_factory.mktemp("wmt_metadata")
+def write_wmt_metadata(data_dir, file_format: str) -> str:
+    """Writes into `data_dir` the metadata of wmt14_translate/de-en prepared in `file_format` (no examples)."""
     with tfds.testing.mock_data(policy=tfds.testing.MockPolicy.USE_CODE):
-        builder = tfds.builder("wmt14_translate/de-en")
+        builder = tfds.builder("wmt14_translate/de-en", file_format=file_format)
         builder.info.set_splits(
             tfds.core.SplitDict(
                 [
@@ -168,6 +162,16 @@ def wmt_metadata(tmp_path_factory):
         version_dir.mkdir(parents=True)
         builder.info.write_to_directory(str(version_dir))
     return str(data_dir)
+
+
+@pytest.fixture(scope="module")
+def wmt_metadata(tmp_path_factory):
+    """A TFDS data_dir holding only the metadata of wmt14_translate/de-en in ArrayRecord format (no examples).
+
+    `mock_data` reads split names from it (policy USE_FILES); without it the
+    mocked builder has no splits at all.
+    """
+    return write_wmt_metadata(tmp_path_factory.mktemp("wmt_metadata"), "array_record")
 
 
 @pytest.fixture
@@ -189,6 +193,15 @@ def offline(monkeypatch):
     return prepared
 
 
+@pytest.fixture
+def mock_getitems(monkeypatch):
+    """Mends tfds.testing.mock_data's batched reads: its data source's `__getitems__` is a partial of a
+    method, set on an instance, so it lacks `self` and fails (tensorflow-datasets 4.9.10)."""
+    monkeypatch.setattr(
+        tfds.testing.mocking, "_getitems", lambda record_keys, generator: [generator[key] for key in record_keys]
+    )
+
+
 def wmt_dataset(tmp_path, source_lang="en", target_lang="de"):
     dataset = tiny.get_config().dataset
     dataset.name = "wmt14_translate/de-en"
@@ -198,17 +211,35 @@ def wmt_dataset(tmp_path, source_lang="en", target_lang="de"):
     return dataset
 
 
-def test_named_dataset_under_mock_data(tmp_path, wmt_metadata, offline):
+def test_named_dataset_under_mock_data(tmp_path, wmt_metadata, offline, mock_getitems):
     dataset = wmt_dataset(tmp_path)
     with tfds.testing.mock_data(num_examples=7, policy=tfds.testing.MockPolicy.USE_FILES, data_dir=wmt_metadata):
         builder = datasets.make_builder(dataset, str(tmp_path / "work"), required_splits=("train", "validation"))
-        pairs = datasets.load_text_pairs(builder, "train", "en", "de")
+        pairs = datasets.load_text_pairs(builder, "validation", "en", "de")  # Read through the data source.
+        records = datasets.records(builder, "train")
+        sample = datasets.sample_sentences(records, ("en", "de"), 5, seed=0)
     assert builder.name == "wmt14_translate"
-    assert len(pairs) == 7 and len(pairs.targets) == 7
-    assert all(isinstance(text, str) for text in pairs.sources + pairs.targets)
+    assert len(pairs) == 7 and len(pairs.targets) == 7 and len(records) == 7
+    assert all(isinstance(text, str) for text in pairs.sources + pairs.targets + sample)
     assert pairs.sources != pairs.targets  # The two languages are separate features.
+    assert len(sample) == 5
     assert offline == []  # download_and_prepare never did real work.
     assert not (tmp_path / "tfds").exists() and not (tmp_path / "work").exists()
+
+
+def test_named_dataset_prepared_as_tfrecord_says_how_to_prepare_it(tmp_path, offline):
+    """A dataset the user prepared earlier without ArrayRecord files: one line saying how to prepare it again."""
+    dataset = wmt_dataset(tmp_path)
+    metadata = write_wmt_metadata(tmp_path / "tfrecord_metadata", "tfrecord")
+    with (
+        tfds.testing.mock_data(policy=tfds.testing.MockPolicy.USE_FILES, data_dir=metadata),
+        pytest.raises(UserInputError) as error,
+    ):
+        datasets.make_builder(dataset, str(tmp_path / "work"), required_splits=("train",))
+    message = str(error.value)
+    assert "is prepared as tfrecord" in message and "\n" not in message
+    assert "tfds build wmt14_translate/de-en --file_format=array_record --data_dir=DIR" in message
+    assert offline == []
 
 
 @pytest.mark.parametrize("langs", [("fr", "de"), ("en", "fr")])
