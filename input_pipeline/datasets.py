@@ -17,12 +17,12 @@ from input_pipeline.batching import LabelledIds, ParallelIds, RaggedIds
 from input_pipeline.labelled_text import LABEL, LabelledText, LabelledTexts
 from input_pipeline.labelled_text import TEXT as LABEL_TEXT
 from input_pipeline.parallel_text import ParallelText
+from input_pipeline.record_source import ArrayRecordSource
 
 LOCAL_DATASET = "parallel_text"
 # Translation datasets are prepared in ArrayRecord files: random access, which training's global shuffle needs.
 RECORDS_FORMAT = "array_record"
 _TOKENIZE_CHUNK = 100_000  # Sentences tokenized at a time.
-_READ_CHUNK = 1_000  # Records read at a time.
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,21 +85,18 @@ def _check_random_access(builder: tfds.core.DatasetBuilder, dataset: ml_collecti
 def records(builder: tfds.core.DatasetBuilder, split: str) -> Sequence[dict[str, bytes]]:
     """`split` as a random-access source: len() and [i], record i a {feature: value} dict (text as UTF-8 bytes).
 
-    Opens the split's ArrayRecord files; reads nothing until indexed.
+    Opens the split's ArrayRecord files; reads nothing until indexed. A prepared split reads
+    through `ArrayRecordSource` (one record in microseconds, not TFDS's ~55 ms a read call);
+    what TFDS gives for a split without files (`tfds.testing.mock_data`) is used as it is.
     """
+    if builder.info.splits[split].filepaths and all(path.exists() for path in builder.info.splits[split].filepaths):
+        return ArrayRecordSource.from_builder(builder, split)
     return builder.as_data_source(split)
 
 
 def read_records(source: Sequence[dict], indices: Iterable[int]) -> Iterator[dict]:
-    """The records `indices` of a data source, in that order, read a chunk at a time (batched reads)."""
-    chunk = []
-    for index in indices:
-        chunk.append(index)
-        if len(chunk) == _READ_CHUNK:
-            yield from source.__getitems__(chunk)
-            chunk = []
-    if chunk:
-        yield from source.__getitems__(chunk)
+    """The records `indices` of a data source, in that order."""
+    return (source[index] for index in indices)
 
 
 def load_text_pairs(builder: tfds.core.DatasetBuilder, split: str, source_lang: str, target_lang: str) -> TextPairs:

@@ -6,6 +6,7 @@ records and never read the text files again; the train split stays on disk
 """
 
 import os
+import pickle
 import random
 
 import pytest
@@ -16,6 +17,7 @@ from common.errors import UserInputError
 from input_pipeline import datasets
 from input_pipeline.corpus import TOKENIZER_FILE, load_corpus
 from input_pipeline.parallel_text import read_lines
+from input_pipeline.record_source import ArrayRecordSource
 
 SPLITS = ("train", "valid", "test")
 LANGS = ("en", "de")
@@ -63,6 +65,25 @@ def test_preparing_writes_array_record_files_of_the_files_pairs_in_order(tmp_pat
     for split in SPLITS:
         assert record_pairs(datasets.records(builder, split)) == file_pairs(corpus_dir, split)
     assert len(datasets.records(builder, "train")) == 297  # Lines 1, 42 and 300 have an empty side.
+
+
+def test_the_record_source_reads_what_tfds_reads_across_shards(tmp_path, corpus_dir):
+    """ArrayRecordSource (one-record range reads) gives TFDS's records, also split over shards and after pickling."""
+    config = config_for(corpus_dir, tmp_path)
+    builder = datasets.make_builder(config.dataset, str(tmp_path / "work"), required_splits=SPLITS)
+    source = datasets.records(builder, "train")
+    assert isinstance(source, ArrayRecordSource)
+    expected = builder.as_data_source("train")
+    order = random.Random(0).sample(range(len(source)), len(source))
+    assert [source[i] for i in order] == expected.__getitems__(order)
+    # The same file as two "shards" of one record each end: indices map across shard boundaries.
+    path = builder.info.splits["train"].filepaths[0]
+    split = ArrayRecordSource([path, path], [len(source), len(source)], builder.info.features)
+    assert len(split) == 2 * len(source)
+    assert split[len(source) + 5] == source[5]
+    assert pickle.loads(pickle.dumps(split))[len(source) - 1] == source[len(source) - 1]
+    with pytest.raises(IndexError):
+        source[len(source)]
 
 
 def test_a_second_start_does_not_read_the_text_files(tmp_path, corpus_dir):
