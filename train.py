@@ -156,10 +156,6 @@ def _run(config) -> None:
     training = _MODE.value == "train"
     lock = workdir.training_lock(_WORKDIR.value) if training and processes.is_main_process() else None
     with lock or contextlib.nullcontext():
-        # Our own code never uses TensorFlow's devices; keep it off any GPU.
-        import tensorflow as tf  # pylint: disable=g-import-not-at-top
-
-        tf.config.set_visible_devices([], "GPU")
         logging.info("JAX devices: %s", jax.devices())
 
         from training import loop  # pylint: disable=g-import-not-at-top

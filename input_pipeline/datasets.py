@@ -54,6 +54,8 @@ def make_builder(
         )
     else:
         builder = _registered_builder(dataset, f"'wmt14_translate/de-en', or '{LOCAL_DATASET}'")
+        if not builder.is_prepared():  # TFDS's generators for named datasets may run TensorFlow ops.
+            _keep_tensorflow_off_accelerators()
     _prepare(builder, dataset, local=dataset.name == LOCAL_DATASET, file_format=RECORDS_FORMAT)
     _check_random_access(builder, dataset)
     features = set(builder.info.features.keys())
@@ -187,6 +189,7 @@ def make_labelled_builder(
         UserInputError: unknown dataset, bad local files, a dataset without one text and one
             label feature, missing splits, or a named dataset that is not prepared and cannot be fetched.
     """
+    _keep_tensorflow_off_accelerators()  # Labelled text is prepared and read with tf.data.
     if dataset.name == LOCAL_LABELLED_DATASET:
         builder = LabelledText(
             path=dataset.path,
@@ -204,6 +207,17 @@ def make_labelled_builder(
                 "(set config.dataset.train_split/valid_split and config.eval.split)."
             )
     return builder
+
+
+def _keep_tensorflow_off_accelerators() -> None:
+    """Hides GPUs from TensorFlow, which would otherwise take their memory from JAX on its first op.
+
+    Only tf.data readers and TFDS's preparation of named datasets need TensorFlow; reading
+    translation's ArrayRecord files does not, and never imports it.
+    """
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top  (~0.4 GB: only where needed)
+
+    tf.config.set_visible_devices([], "GPU")
 
 
 def _registered_builder(dataset: ml_collections.ConfigDict, examples: str) -> tfds.core.DatasetBuilder:
