@@ -210,9 +210,10 @@ class Checkpointer:
         """Restores `step` into the structure, shapes and shardings of `abstract_state`, verified.
 
         Returns:
-            The state, and this process's data position; None, with a warning, where the step holds
-            none for it: saved by another number of processes (or by an earlier version). The batch
-            iterator then says what it does (input_pipeline/streaming.TrainStream).
+            The state, and this process's data position (a step saved by an earlier version holds one
+            JSON position for all processes: that one); None, with a warning, where the step holds none
+            for this process: saved by another number of processes. The batch iterator then says what it
+            does with a missing or unfitting position (input_pipeline/streaming.TrainStream).
 
         Args:
             step: the checkpoint's step.
@@ -225,19 +226,32 @@ class Checkpointer:
         """
         self._require_step(step)
         position_file = _position_file(os.path.join(self.directory, str(step)))
-        if not os.path.exists(position_file):
-            saved = sorted(os.path.basename(f) for f in glob.glob(os.path.join(os.path.dirname(position_file), "*")))
-            logging.warning(
-                "The checkpoint at step %d holds no data position for process %d of %d (its data/ folder has %s): "
-                "it was saved by another number of processes or by an earlier version.",
-                step,
-                jax.process_index(),
-                jax.process_count(),
-                ", ".join(saved) or "nothing",
+        if os.path.exists(position_file):
+            restored = self._read(
+                self._manager, step, abstract_state, data=grain.checkpoint.CheckpointRestore(_Position())
             )
-            return self._read(self._manager, step, abstract_state)["state"], None
-        restored = self._read(self._manager, step, abstract_state, data=grain.checkpoint.CheckpointRestore(_Position()))
-        return restored["state"], restored["data"].state
+            return restored["state"], restored["data"].state
+        state = self._read(self._manager, step, abstract_state)["state"]
+        data_dir = os.path.dirname(position_file)
+        legacy = os.path.join(data_dir, "metadata")  # Earlier versions: one JSON position for all processes.
+        if os.path.exists(legacy):
+            try:
+                with open(legacy, encoding="utf-8") as f:
+                    return state, json.load(f)
+            except (OSError, ValueError) as e:
+                logging.warning("The data position of step %d (%s) is unreadable: %s.", step, legacy, one_line(e))
+                return state, None
+        saved = sorted(os.path.basename(f) for f in glob.glob(os.path.join(data_dir, "process_*.json")))
+        logging.warning(
+            "The checkpoint at step %d holds no data position for process %d of %d (%s has %s): it was saved "
+            "by another number of processes.",
+            step,
+            jax.process_index(),
+            jax.process_count(),
+            data_dir,
+            ", ".join(saved) or "none",
+        )
+        return state, None
 
     def restore_latest(self, abstract_state: TrainState) -> tuple[TrainState, dict | None] | None:
         """The newest intact step's state, for resuming; None if there is no checkpoint.
