@@ -440,3 +440,29 @@ def test_cli_falls_back_past_a_damaged_latest_step(small_corpus, tmp_path):
     assert "Resumed from step 3" in resumed.stderr
     assert config.keep_checkpoints == 2
     assert os.path.isdir(moved) and sorted(os.listdir(checkpoint_dir(workdir))) == ["6", "7"]
+
+
+# --- The data position: one file per process (grain's handler) --------------------------------------------
+
+
+def test_data_position_is_kept_per_process_and_a_missing_one_is_none_with_a_warning(tmp_path, caplog):
+    workdir = str(tmp_path / "run")
+    position = {"stream": {"process_count": 1, "seed": 3}, "grain": {"parent": {"next_index": 17}, "next_row": 0}}
+    checkpointer = Checkpointer(workdir)
+    checkpointer.save(_state(1), position)
+    checkpointer.save(_state(2), {**position, "grain": {"parent": {"next_index": 29}, "next_row": 0}})
+    checkpointer.wait_until_finished()
+    data_dir = os.path.join(checkpoint_dir(workdir), "1", "data")
+    assert os.path.isfile(os.path.join(data_dir, "process_0-of-1.json"))
+    assert checkpointer.restore(1, _abstract_state())[1] == position
+
+    # As if saved by two processes: this (single) process has no file of its own; the state still restores.
+    os.rename(os.path.join(data_dir, "process_0-of-1.json"), os.path.join(data_dir, "process_0-of-2.json"))
+    with caplog.at_level(logging.WARNING):
+        state, data_state = checkpointer.restore(1, _abstract_state())
+    assert data_state is None
+    _assert_params_equal(state.params, 1)
+    [warning] = _warnings(caplog)
+    assert "no data position for process 0 of 1" in warning and "process_0-of-2.json" in warning
+    assert checkpointer.restore_latest(_abstract_state())[1]["grain"]["parent"]["next_index"] == 29
+    checkpointer.close()
