@@ -171,17 +171,18 @@ def fold_seed(seed: int, step: int) -> int:
 class TrainStream:
     """The training batches of `train_dataset` with a position to checkpoint and restore.
 
-    The position (`get_state`) is only valid for the same records, seed, process count and number of
-    workers; batch size and max_length may change (the stream goes on from the same record). Resuming:
+    The position (`get_state`) is only valid for the same records, process count and number of workers
+    (it carries its shuffle seed); batch size and max_length may change (the stream goes on from the same
+    record). Resuming:
 
     - with this process's saved position (same processes and workers): exactly the batch that came next;
       on another number of devices (other `rows`), the batches from the same record on, of the new size
       (no record skipped or repeated, but grouped into other batches).
-    - without a usable position (`state` None at a step > 0: the checkpoint was saved by another number
-      of processes, so this process has no file of its own, or by another version; or another
-      `num_workers`): a warning, and a fresh stream shuffled with the seed folded with the step
-      (`fold_seed`), the same in every process. Records seen since the last epoch boundary may come
-      again sooner than a full epoch later.
+    - without a usable position (`state` None at a step > 0, or one saved for another process count,
+      another `num_workers` or other records: a checkpoint saved by another number of processes hands
+      on the first process's, by an earlier version a bucketed one): a warning, and a fresh stream
+      shuffled with the seed folded with the step (`fold_seed`), the same in every process. Records
+      seen since the last epoch boundary may come again sooner than a full epoch later.
     """
 
     def __init__(self, records: Sequence[dict], *, seed: int, state: dict | None = None, step: int = 0, **options):

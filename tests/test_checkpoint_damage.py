@@ -445,7 +445,7 @@ def test_cli_falls_back_past_a_damaged_latest_step(small_corpus, tmp_path):
 # --- The data position: one file per process (grain's handler) --------------------------------------------
 
 
-def test_data_position_is_kept_per_process_and_a_missing_one_is_none_with_a_warning(tmp_path, caplog):
+def test_data_position_is_kept_per_process_and_a_missing_one_is_the_first_processes_with_a_warning(tmp_path, caplog):
     workdir = str(tmp_path / "run")
     position = {"stream": {"process_count": 1, "seed": 3}, "grain": {"parent": {"next_index": 17}, "next_row": 0}}
     checkpointer = Checkpointer(workdir)
@@ -456,13 +456,16 @@ def test_data_position_is_kept_per_process_and_a_missing_one_is_none_with_a_warn
     assert os.path.isfile(os.path.join(data_dir, "process_0-of-1.json"))
     assert checkpointer.restore(1, _abstract_state())[1] == position
 
-    # As if saved by two processes: this (single) process has no file of its own; the state still restores.
+    # As if saved by two processes: this (single) process has no file of its own; the state still restores,
+    # with the first process's position.
     os.rename(os.path.join(data_dir, "process_0-of-1.json"), os.path.join(data_dir, "process_0-of-2.json"))
     with caplog.at_level(logging.WARNING):
         state, data_state = checkpointer.restore(1, _abstract_state())
-    assert data_state is None
+    assert data_state == position
     _assert_params_equal(state.params, 1)
     [warning] = _warnings(caplog)
-    assert "no data position for process 0 of 1" in warning and "process_0-of-2.json" in warning
+    assert "no data position for process 0 of 1" in warning and "Handing on process_0-of-2.json" in warning
+    os.remove(os.path.join(data_dir, "process_0-of-2.json"))
+    assert checkpointer.restore(1, _abstract_state())[1] is None
     assert checkpointer.restore_latest(_abstract_state())[1]["grain"]["parent"]["next_index"] == 29
     checkpointer.close()

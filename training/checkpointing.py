@@ -211,9 +211,11 @@ class Checkpointer:
 
         Returns:
             The state, and this process's data position (a step saved by an earlier version holds one
-            JSON position for all processes: that one); None, with a warning, where the step holds none
-            for this process: saved by another number of processes. The batch iterator then says what it
-            does with a missing or unfitting position (input_pipeline/streaming.TrainStream).
+            JSON position for all processes: that one). Where the step was saved by another number of
+            processes, so that this process has no file of its own: a warning, and the first process's
+            position (None if there is none). The batches decide whether a position fits: classification's
+            are the same in every process; translation's stream starts afresh
+            (input_pipeline/streaming.TrainStream).
 
         Args:
             step: the checkpoint's step.
@@ -241,17 +243,25 @@ class Checkpointer:
             except (OSError, ValueError) as e:
                 logging.warning("The data position of step %d (%s) is unreadable: %s.", step, legacy, one_line(e))
                 return state, None
-        saved = sorted(os.path.basename(f) for f in glob.glob(os.path.join(data_dir, "process_*.json")))
+        saved = sorted(glob.glob(os.path.join(data_dir, "process_*-of-*.json")))
         logging.warning(
-            "The checkpoint at step %d holds no data position for process %d of %d (%s has %s): it was saved "
-            "by another number of processes.",
+            "The checkpoint at step %d holds no data position for process %d of %d (%s has %s): it was saved by "
+            "another number of processes.%s",
             step,
             jax.process_index(),
             jax.process_count(),
             data_dir,
-            ", ".join(saved) or "none",
+            ", ".join(os.path.basename(f) for f in saved) or "none",
+            f" Handing on {os.path.basename(saved[0])} (the batches decide whether it fits)." if saved else "",
         )
-        return state, None
+        if not saved:
+            return state, None
+        try:
+            with open(saved[0], encoding="utf-8") as f:
+                return state, json.load(f)
+        except (OSError, ValueError) as e:
+            logging.warning("The data position %s is unreadable: %s.", saved[0], one_line(e))
+            return state, None
 
     def restore_latest(self, abstract_state: TrainState) -> tuple[TrainState, dict | None] | None:
         """The newest intact step's state, for resuming; None if there is no checkpoint.
