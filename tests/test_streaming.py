@@ -169,7 +169,7 @@ def test_without_its_position_a_stream_starts_afresh_with_the_seed_folded_with_t
     for position in (None, saved):
         with caplog.at_level(logging.WARNING):
             resumed = _stream(corpus, state=position, step=5, process_index=1, process_count=2)
-        assert any("No data position for this run at step 5" in r.getMessage() for r in caplog.records)
+        assert any("No data position fits this run at step 5" in r.getMessage() for r in caplog.records)
         caplog.clear()
         fresh = _stream(corpus, seed=streaming.fold_seed(3, 5), process_index=1, process_count=2)
         assert _pairs(_take(resumed, 3)) == _pairs(_take(fresh, 3))
