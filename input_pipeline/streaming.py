@@ -76,13 +76,26 @@ class TokenizePair(grain.transforms.Map):
 
 
 class FitsLength(grain.transforms.Filter):
-    """Keeps the pairs whose sides both have at most `max_length` ids (with <eos>)."""
+    """Keeps the pairs whose sides both have at most `max_length` ids (with <eos>).
 
-    def __init__(self, max_length: int):
+    Raises UserInputError once `give_up_after` pairs in a row did not fit (a whole epoch's share:
+    none fits), where the stream would otherwise search forever.
+    """
+
+    def __init__(self, max_length: int, give_up_after: int | None = None):
         self._max_length = max_length
+        self._give_up_after = give_up_after
+        self._misfits_in_a_row = 0
 
     def filter(self, pair: dict[str, np.ndarray]) -> bool:
-        return len(pair["inputs"]) <= self._max_length and len(pair["targets"]) <= self._max_length
+        fits = len(pair["inputs"]) <= self._max_length and len(pair["targets"]) <= self._max_length
+        self._misfits_in_a_row = 0 if fits else self._misfits_in_a_row + 1
+        if self._give_up_after is not None and self._misfits_in_a_row >= self._give_up_after:
+            raise UserInputError(
+                f"No training pair fits config.dataset.max_length={self._max_length} (the last "
+                f"{self._misfits_in_a_row} pairs read were all longer); raise it."
+            )
+        return fits
 
 
 class PadPair(grain.transforms.Map):
@@ -143,7 +156,9 @@ def train_dataset(
         positions of both sides, each [rows, max_length] int32.
     """
     dataset = process_records(records, seed, process_index, process_count)
-    dataset = dataset.map(TokenizePair(tokenizer_path, source_lang, target_lang)).filter(FitsLength(max_length))
+    share = max(1, len(records) // process_count)
+    dataset = dataset.map(TokenizePair(tokenizer_path, source_lang, target_lang))
+    dataset = dataset.filter(FitsLength(max_length, give_up_after=share))
     if not packing:
         dataset = dataset.map(PadPair(max_length))
     read = grain.ReadOptions(num_threads=_MAP_THREADS, prefetch_buffer_size=_MAP_BUFFER)

@@ -11,6 +11,7 @@ import grain
 import numpy as np
 import pytest
 
+from common.errors import UserInputError
 from common.special_ids import EOS_ID
 from input_pipeline import streaming
 from input_pipeline.tokenizer import train_tokenizer
@@ -141,6 +142,13 @@ def test_unpacked_rows_hold_one_padded_pair(corpus):
         for i, t in zip(b["inputs"], b["targets"])
     ]
     assert got == _expected_pairs(corpus, seed=3)[: len(got)]
+
+
+def test_a_stream_where_no_pair_fits_is_one_error(corpus):
+    stream = _stream(corpus, max_length=1)  # Every side has at least one subword and <eos>.
+    with pytest.raises(UserInputError, match=r"No training pair fits config.dataset.max_length=1"):
+        next(stream)
+    stream.close()
 
 
 def test_a_restored_stream_yields_exactly_the_next_batches(corpus):
