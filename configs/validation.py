@@ -58,7 +58,14 @@ _MODEL_DIMENSIONS = {
 
 
 # Fields that configs (and workdirs' config.json) written before they existed lack.
-_DEFAULTS = {"task": "translation", "model.pooling": "mean", "nonfinite": "stop", "max_nonfinite_in_a_row": 10}
+_DEFAULTS = {
+    "task": "translation",
+    "model.pooling": "mean",
+    "nonfinite": "stop",
+    "max_nonfinite_in_a_row": 10,
+    "dataset.packing": True,
+    "dataset.num_workers": 0,
+}
 
 
 def _get(config: ml_collections.ConfigDict, dotted: str):
@@ -111,6 +118,16 @@ def validate_config(config: ml_collections.ConfigDict, num_devices: int | None =
                 f"({model.max_len}), the number of positions the model encodes; raise max_len."
             )
     _validate_decoding(config.eval)
+    if not isinstance(_get(config, "dataset.packing"), bool):
+        raise UserInputError(
+            f"config.dataset.packing is {_get(config, 'dataset.packing')!r}; it must be True or False."
+        )
+    workers = _get(config, "dataset.num_workers")
+    if not isinstance(workers, int) or isinstance(workers, bool) or workers < 0:
+        raise UserInputError(
+            f"config.dataset.num_workers is {workers!r}; it must be 0 (threads in the training process) "
+            "or a number of worker processes."
+        )
     if config.eval.num_bleu_sentences < 0:
         raise UserInputError("config.eval.num_bleu_sentences must be >= 0 (0 skips the BLEU check).")
 

@@ -5,8 +5,11 @@ so the train step compiles once per bucket. Shorter buckets hold more
 sequences: each batch carries about `tokens_per_batch` padded tokens.
 
 Training order is a pure function of (seed, epoch): the iterator's whole state
-is (epoch, batch index in the epoch), two integers saved with each checkpoint,
-and a restored iterator continues with exactly the batch that came next.
+is (epoch, batch index in the epoch), two integers saved with each checkpoint
+(`get_state`, `set_state`: the interface of grain's iterators, which the
+checkpoint's data item takes), and a restored iterator continues with exactly
+the batch that came next. Classification trains from these in-memory batches;
+translation streams from records (input_pipeline/streaming.py).
 
 With several processes, every process computes the same global batches (which
 pairs, in which order) but pads only its own rows of each (`RowsFn`), the rows
@@ -238,6 +241,16 @@ class TrainBatches(Iterator[dict[str, np.ndarray]]):
             )
         self._epoch, self._next = state.epoch, state.batch
         self._batches = epoch_batches(self._lengths, self._boundaries, self._batch_sizes, self._seed, self._epoch)
+
+    def get_state(self) -> dict:
+        """The position after the last batch returned, JSON-serialisable (the checkpoint's data item)."""
+        return dataclasses.asdict(self.state)
+
+    def set_state(self, state: dict) -> None:
+        self.state = IteratorState(**state)
+
+    def close(self) -> None:
+        """Nothing to stop (the stream of translation has threads to stop)."""
 
     def __next__(self) -> dict[str, np.ndarray]:
         if self._next >= len(self._batches):

@@ -26,7 +26,7 @@ from tolerances import loss_rtol  # This script's folder, tests/, is first on sy
 
 from common.special_ids import BOS_ID, EOS_ID
 from configs import default
-from input_pipeline.batching import IteratorState, RaggedIds
+from input_pipeline.batching import RaggedIds
 from models.build import make_model
 from models.decoding import greedy_decode
 from training import classification, loop, sharding, tasks
@@ -218,14 +218,14 @@ def check_checkpoint(directory: str) -> None:
     batches = _batches(2)
     _, saved_state, _ = _train("jit", 8, 1, 1, 1, 8, batches)
     checkpointer = Checkpointer(directory)
-    checkpointer.save(saved_state, IteratorState(epoch=0, batch=2))
+    checkpointer.save(saved_state, {"epoch": 0, "batch": 2})
     checkpointer.wait_until_finished()
     saved_params = jax.device_get(saved_state.params)
     for data, fsdp, tensor in ((4, 2, 1), (2, 1, 4)):
         config, mesh, model, tx, _ = _setup(data, fsdp, tensor, 8)
         restored, data_state = loop.restore_checkpoint(checkpointer, 2, config, model, tx, mesh)
         expected = loop.state_shardings(config, model, tx, mesh)
-        _assert(data_state == IteratorState(epoch=0, batch=2), data_state)
+        _assert(data_state == {"epoch": 0, "batch": 2}, data_state)
         jax.tree.map(lambda a, s: _assert(a.sharding == s, (a.sharding, s)), restored, expected)
         jax.tree.map(np.testing.assert_array_equal, jax.device_get(restored.params), saved_params)
         jax.tree.map(

@@ -20,7 +20,6 @@ from conftest import run_entry_point, tiny_config
 from jax.sharding import NamedSharding, PartitionSpec
 
 from common.errors import UserInputError
-from input_pipeline.batching import IteratorState
 from training import inference, loop, sharding
 from training.checkpointing import (
     Checkpointer,
@@ -68,7 +67,7 @@ def _abstract_state():
 def _save_steps(workdir: str, steps, *, keep: int = 5, best: int | None = None) -> None:
     checkpointer = Checkpointer(workdir, keep=keep)
     for step in steps:
-        checkpointer.save(_state(step), IteratorState(epoch=0, batch=step))
+        checkpointer.save(_state(step), {"epoch": 0, "batch": step})
         if step == best:
             checkpointer.save_if_best(step, _params(step), 10.0)
     checkpointer.wait_until_finished()
@@ -183,7 +182,7 @@ def test_resume_falls_back_and_moves_the_damaged_step_aside(workdir, kind, caplo
     with caplog.at_level(logging.WARNING):
         state, data_state = checkpointer.restore_latest(_abstract_state())
 
-    assert int(state.step) == 2 and data_state == IteratorState(epoch=0, batch=2)
+    assert int(state.step) == 2 and data_state == {"epoch": 0, "batch": 2}
     _assert_params_equal(state.params, 2)
     moved = os.path.join(damaged_checkpoint_dir(workdir), "3")
     [warning] = _warnings(caplog)
@@ -193,7 +192,7 @@ def test_resume_falls_back_and_moves_the_damaged_step_aside(workdir, kind, caplo
     # Moved, not deleted; the rotation no longer counts it, so step 3 is saved again and nothing good goes.
     assert os.path.isdir(moved) and checkpointer.all_steps() == [1, 2]
     for step in (3, 4):
-        checkpointer.save(_state(step), IteratorState(epoch=0, batch=step))
+        checkpointer.save(_state(step), {"epoch": 0, "batch": step})
     checkpointer.wait_until_finished()
     assert checkpointer.all_steps() == [2, 3, 4]
     _assert_params_equal(checkpointer.restore(3, _abstract_state())[0].params, 3)
@@ -359,13 +358,13 @@ def test_checkpoint_without_integrity_record_restores_with_one_warning(tmp_path,
     with caplog.at_level(logging.WARNING):
         state, data_state = checkpointer.restore_latest(_abstract_state())
         params = checkpointer.restore_params(1, _replicated_structs(_params(0)))
-    assert int(state.step) == 2 and data_state.batch == 2
+    assert int(state.step) == 2 and data_state["batch"] == 2
     _assert_params_equal(state.params, 2)
     _assert_params_equal(params, 1)
     [warning] = _warnings(caplog)
     assert warning.startswith(f"The checkpoint at step 2 in {checkpoint_dir(workdir)} was saved without fingerprints")
     assert "cannot be verified" in warning
-    checkpointer.save(_state(3), IteratorState(epoch=0, batch=3))  # New saves carry the record.
+    checkpointer.save(_state(3), {"epoch": 0, "batch": 3})  # New saves carry the record.
     checkpointer.wait_until_finished()
     checkpointer.close()
     assert os.path.isdir(os.path.join(checkpoint_dir(workdir), "3", "integrity"))
@@ -391,7 +390,7 @@ def test_nonfinite_state_is_refused_and_nothing_changes(workdir):
     params = _params(4)
     params["encoder"]["kernel"][5, 7] = np.inf
     with pytest.raises(NonFiniteStateError, match=r"^Refusing to save step 4: the train state holds NaN or Inf in"):
-        checkpointer.save(_state(4, params), IteratorState(epoch=0, batch=4))
+        checkpointer.save(_state(4, params), {"epoch": 0, "batch": 4})
     checkpointer.wait_until_finished()
     assert checkpointer.all_steps() == [1, 2, 3]  # Nothing written; no good step rotated out.
 
@@ -441,3 +440,32 @@ def test_cli_falls_back_past_a_damaged_latest_step(small_corpus, tmp_path):
     assert "Resumed from step 3" in resumed.stderr
     assert config.keep_checkpoints == 2
     assert os.path.isdir(moved) and sorted(os.listdir(checkpoint_dir(workdir))) == ["6", "7"]
+
+
+# --- The data position: one file per process (grain's handler) --------------------------------------------
+
+
+def test_data_position_is_kept_per_process_and_a_missing_one_is_the_first_processes_with_a_warning(tmp_path, caplog):
+    workdir = str(tmp_path / "run")
+    position = {"stream": {"process_count": 1, "seed": 3}, "grain": {"parent": {"next_index": 17}, "next_row": 0}}
+    checkpointer = Checkpointer(workdir)
+    checkpointer.save(_state(1), position)
+    checkpointer.save(_state(2), {**position, "grain": {"parent": {"next_index": 29}, "next_row": 0}})
+    checkpointer.wait_until_finished()
+    data_dir = os.path.join(checkpoint_dir(workdir), "1", "data")
+    assert os.path.isfile(os.path.join(data_dir, "process_0-of-1.json"))
+    assert checkpointer.restore(1, _abstract_state())[1] == position
+
+    # As if saved by two processes: this (single) process has no file of its own; the state still restores,
+    # with the first process's position.
+    os.rename(os.path.join(data_dir, "process_0-of-1.json"), os.path.join(data_dir, "process_0-of-2.json"))
+    with caplog.at_level(logging.WARNING):
+        state, data_state = checkpointer.restore(1, _abstract_state())
+    assert data_state == position
+    _assert_params_equal(state.params, 1)
+    [warning] = _warnings(caplog)
+    assert "no data position for process 0 of 1" in warning and "Handing on process_0-of-2.json" in warning
+    os.remove(os.path.join(data_dir, "process_0-of-2.json"))
+    assert checkpointer.restore(1, _abstract_state())[1] is None
+    assert checkpointer.restore_latest(_abstract_state())[1]["grain"]["parent"]["next_index"] == 29
+    checkpointer.close()

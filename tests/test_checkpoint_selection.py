@@ -13,7 +13,6 @@ from conftest import run_entry_point, tiny_config
 from jax.sharding import NamedSharding, PartitionSpec
 
 from common.errors import UserInputError
-from input_pipeline.batching import IteratorState
 from input_pipeline.tokenizer import load_tokenizer
 from models.build import make_model
 from training import loop, sharding
@@ -43,7 +42,7 @@ def _save(checkpointer: Checkpointer, step: int) -> dict:
     state = TrainState(
         step=jnp.array(step, jnp.int32), params=params, opt_state=tx.init(params), rng=jax.random.PRNGKey(0)
     )
-    checkpointer.save(sharding.replicate(state, sharding.make_mesh()), IteratorState(epoch=0, batch=step))
+    checkpointer.save(sharding.replicate(state, sharding.make_mesh()), {"epoch": 0, "batch": step})
     return params
 
 

@@ -3,7 +3,8 @@
 Layout under the workdir:
 
   checkpoints/<step>/{state,data,integrity}  the last `keep` steps. 'state' is the TrainState pytree (params,
-                                        Adam moments, step, base RNG key); 'data' the iterator position (JSON);
+                                        Adam moments, step, base RNG key); 'data' the training batches' position,
+                                        one data/process_<i>-of-<n>.json per process (grain's Orbax handler);
                                         'integrity' the fingerprint of every array (JSON, checkpoint_integrity).
   best_checkpoint/<step>/{state,score,integrity}  the parameters ({'params': ...}) of the step with the highest
                                         validation score so far (BLEU, accuracy: the task's) and its
@@ -21,17 +22,19 @@ choice names, and averaging, are in checkpoint_choice. Saves are asynchronous.
 """
 
 import dataclasses
+import glob
+import json
 import math
 import os
 from typing import Any
 
+import grain
 import jax
 import orbax.checkpoint as ocp
 from absl import logging
 from jax.experimental import multihost_utils
 
 from common.errors import UserInputError
-from input_pipeline.batching import IteratorState
 from training.checkpoint_choice import CHECKPOINT_CHOICES, BestScore, Selection, mean_params, resolve_choice
 from training.checkpoint_integrity import Summary
 from training.checkpoint_restore import DamagedCheckpointError, one_line, restore_verified, some_names
@@ -73,8 +76,37 @@ class NonFiniteStateError(UserInputError):
     """A state or score holding NaN or Inf was about to be saved; nothing was written."""
 
 
+class _Position:
+    """The 'data' item for grain's CheckpointHandler: a batch iterator's position (a JSON-able dict) as bytes.
+
+    The handler writes `get_state()` of any item that is not a grain DatasetIterator as text. Saves run
+    in Orbax's background thread while training goes on, so the position is taken when the save starts,
+    not read from the live iterator. Restoring fills `state`.
+    """
+
+    def __init__(self, state: dict | None = None):
+        self.state = state
+
+    def get_state(self) -> bytes:
+        return json.dumps(self.state).encode()
+
+    def set_state(self, saved: bytes) -> None:
+        self.state = json.loads(saved)
+
+    def start_prefetch(self) -> None:  # Called by the handler after set_state.
+        pass
+
+
+def _position_file(step_dir: str) -> str:
+    """This process's data position file in a step's folder (the name grain's handler uses)."""
+    return os.path.join(step_dir, "data", f"process_{jax.process_index()}-of-{jax.process_count()}.json")
+
+
 class Checkpointer:
-    """Saves and restores (TrainState, IteratorState) pairs by step, and keeps the best parameters apart."""
+    """Saves and restores (TrainState, data position) pairs by step, and keeps the best parameters apart.
+
+    The data position is the batch iterator's `get_state()` (a JSON-able dict), kept per process.
+    """
 
     def __init__(self, workdir: str, *, keep: int = 5, read_only: bool = False):
         self.directory = checkpoint_dir(workdir)
@@ -86,7 +118,7 @@ class Checkpointer:
             keep=keep,
             read_only=read_only,
             create=not read_only,
-            items={"data": ocp.JsonCheckpointHandler()},
+            items={"data": grain.checkpoint.CheckpointHandler()},
         )
         # create=False: the folder appears with the first save, so a run without BLEU checks leaves none.
         self._best_manager = _manager(
@@ -111,8 +143,10 @@ class Checkpointer:
 
     # --- Saving -------------------------------------------------------------------------------------------
 
-    def save(self, state: TrainState, data_state: IteratorState) -> None:
+    def save(self, state: TrainState, data_state: dict) -> None:
         """Starts an asynchronous save at state.step (a no-op if that step exists).
+
+        `data_state` is this process's batch position (JSON-able), as the iterator's `get_state()` gives it.
 
         Raises:
             NonFiniteStateError: the state holds NaN or Inf (nothing is written).
@@ -129,7 +163,7 @@ class Checkpointer:
             step,
             args=ocp.args.Composite(
                 state=ocp.args.PyTreeSave(state),
-                data=ocp.args.JsonSave(dataclasses.asdict(data_state)),
+                data=grain.checkpoint.CheckpointSave(_Position(data_state)),
                 integrity=ocp.args.JsonSave(summary.record()),
             ),
         )
@@ -172,8 +206,16 @@ class Checkpointer:
 
     # --- Restoring ----------------------------------------------------------------------------------------
 
-    def restore(self, step: int, abstract_state: TrainState) -> tuple[TrainState, IteratorState]:
+    def restore(self, step: int, abstract_state: TrainState) -> tuple[TrainState, dict | None]:
         """Restores `step` into the structure, shapes and shardings of `abstract_state`, verified.
+
+        Returns:
+            The state, and this process's data position (a step saved by an earlier version holds one
+            JSON position for all processes: that one). Where the step was saved by another number of
+            processes, so that this process has no file of its own: a warning, and the first process's
+            position (None if there is none). The batches decide whether a position fits: classification's
+            are the same in every process; translation's stream starts afresh
+            (input_pipeline/streaming.TrainStream).
 
         Args:
             step: the checkpoint's step.
@@ -185,10 +227,43 @@ class Checkpointer:
             DamagedCheckpointError: the checkpoint cannot be restored as it was saved.
         """
         self._require_step(step)
-        restored = self._read(self._manager, step, abstract_state, data=ocp.args.JsonRestore())
-        return restored["state"], IteratorState(**restored["data"])
+        position_file = _position_file(os.path.join(self.directory, str(step)))
+        if os.path.exists(position_file):
+            restored = self._read(
+                self._manager, step, abstract_state, data=grain.checkpoint.CheckpointRestore(_Position())
+            )
+            return restored["state"], restored["data"].state
+        state = self._read(self._manager, step, abstract_state)["state"]
+        data_dir = os.path.dirname(position_file)
+        legacy = os.path.join(data_dir, "metadata")  # Earlier versions: one JSON position for all processes.
+        if os.path.exists(legacy):
+            try:
+                with open(legacy, encoding="utf-8") as f:
+                    return state, json.load(f)
+            except (OSError, ValueError) as e:
+                logging.warning("The data position of step %d (%s) is unreadable: %s.", step, legacy, one_line(e))
+                return state, None
+        saved = sorted(glob.glob(os.path.join(data_dir, "process_*-of-*.json")))
+        logging.warning(
+            "The checkpoint at step %d holds no data position for process %d of %d (%s has %s): it was saved by "
+            "another number of processes.%s",
+            step,
+            jax.process_index(),
+            jax.process_count(),
+            data_dir,
+            ", ".join(os.path.basename(f) for f in saved) or "none",
+            f" Handing on {os.path.basename(saved[0])} (the batches decide whether it fits)." if saved else "",
+        )
+        if not saved:
+            return state, None
+        try:
+            with open(saved[0], encoding="utf-8") as f:
+                return state, json.load(f)
+        except (OSError, ValueError) as e:
+            logging.warning("The data position %s is unreadable: %s.", saved[0], one_line(e))
+            return state, None
 
-    def restore_latest(self, abstract_state: TrainState) -> tuple[TrainState, IteratorState] | None:
+    def restore_latest(self, abstract_state: TrainState) -> tuple[TrainState, dict | None] | None:
         """The newest intact step's state, for resuming; None if there is no checkpoint.
 
         Damaged steps after it are moved to damaged_checkpoints/ (so that the rotation and the no-op

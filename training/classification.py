@@ -24,7 +24,7 @@ from input_pipeline import batching
 from input_pipeline.corpus import LabelledCorpus, load_labelled_corpus
 from models.build import make_model
 from models.classifier import Classifier
-from training import classification_metrics, evaluation, sharding
+from training import classification_metrics, evaluation, sharding, tasks
 from training.inference import classifier_attention_figures, encode_sources
 from training.metrics_writer import MetricWriter
 from training.sharding import process_rows, shard_batch
@@ -185,6 +185,10 @@ class ClassificationTask:
 
     def load_data(self, config, workdir: str, splits: tuple[str, ...], *, allow_training_tokenizer: bool):
         return load_labelled_corpus(config, workdir, splits, allow_training_tokenizer=allow_training_tokenizer)
+
+    def train_batches(self, config, data: LabelledCorpus, mesh, position: dict | None, step: int):
+        del step  # A position saved by other processes is never missing: every process computes all batches.
+        return tasks.bucketed_train_batches(config, data.ids[config.dataset.train_split], mesh, position)
 
     def make_model(self, config, data: LabelledCorpus) -> Classifier:
         return make_model(config, data.tokenizer.vocab_size(), num_classes=len(data.labels.names))

@@ -13,7 +13,6 @@ from absl import logging
 from tqdm import tqdm
 
 from common.errors import TrainingStopped, UserInputError
-from input_pipeline import batching
 from training import divergence, preemption, sharding, tasks
 from training.checkpointing import Checkpointer, averaged_checkpoint_dir, save_params
 from training.inference import load_trained_model, save_config
@@ -70,28 +69,23 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
     shardings = state_shardings(config, model, tx, mesh)
     checkpointer = Checkpointer(workdir, keep=config.keep_checkpoints)
     if (restored := restore_latest_checkpoint(checkpointer, config, model, tx, mesh)) is not None:
-        state, data_state = restored
-        logging.info("Resumed from step %d (data position %s).", int(state.step), data_state)
+        state, position = restored
+        logging.info("Resumed from step %d (data position %s).", int(state.step), position)
     else:
-        state = initial_state(config, model, tx, shardings)
-        data_state = batching.IteratorState()
+        state, position = initial_state(config, model, tx, shardings), None
     # Only once the tokenizer and the checkpoint have been found to fit: a rejected restart
     # leaves the config.json that translate.py reads as it was.
     if jax.process_index() == 0:
         save_config(config, workdir)  # For translate.py and evaluation without the config file.
 
-    train_batches = batching.TrainBatches(
-        corpus.ids[dataset.train_split],
-        dataset.bucket_boundaries,
-        sharding.batch_sizes(config, config.per_device_batch_size, mesh, config.grad_accumulation_steps),
-        config.seed,
-        data_state,
-        rows=functools.partial(sharding.process_rows, mesh=mesh, rules=config.mesh.rules),
-    )
+    train_batches = task.train_batches(config, corpus, mesh, position, int(state.step))
     train_step = configured_train_step(config, task.loss_fn(config, model), tx, learning_rate_fn, mesh, shardings)
     evaluator = task.evaluator(config, model, corpus, mesh)
     writers = {name: MetricWriter(workdir, name) for name in ("train", "valid")}
-    state = _train(config, state, train_step, train_batches, evaluator, task.keep_best_metric, checkpointer, writers)
+    with contextlib.closing(train_batches):
+        state = _train(
+            config, state, train_step, train_batches, evaluator, task.keep_best_metric, checkpointer, writers
+        )
 
     scores = evaluator.evaluate(state.params, int(state.step), f"step {int(state.step)}", workdir)
     for writer in writers.values():
@@ -104,7 +98,7 @@ def _train(
     config: ml_collections.ConfigDict,
     state: TrainState,
     train_step,
-    train_batches: batching.TrainBatches,
+    train_batches: tasks.TrainBatchIterator,
     evaluator: tasks.Evaluator,
     keep_best_metric: str,
     checkpointer: Checkpointer,
@@ -137,6 +131,8 @@ def _train(
             batch = train_step.place_batch(next(train_batches))
             step_state, metrics = train_step.run(step_state, batch, jax.random.fold_in(base_rng, step))
             guard.record(step, metrics["finite"])
+            if "targets" in batch:  # The target positions of the global batch, real or padding.
+                metrics = {**metrics, "target_positions": batch["targets"].size}
             pending.append(metrics)
             progress.update()
             stopping = stop_signals.requested(step)  # Every process gives the same answer.
@@ -163,7 +159,7 @@ def _train(
                 writers["valid"].write(step, _validate(evaluator, state, keep_best_metric, checkpointer))
                 interval_start += time.perf_counter() - eval_start  # Evaluation is not training time.
             if save:
-                checkpointer.save(state, train_batches.state)
+                checkpointer.save(state, train_batches.get_state())
             if stopping:
                 raise stop_signals.stopped(step, checkpointer.directory)
         # Still inside StopSignals: a signal now cannot cut the last save short, and one that came
@@ -195,8 +191,9 @@ def restore_checkpoint(
     model,
     tx,
     mesh: jax.sharding.Mesh,
-) -> tuple[TrainState, batching.IteratorState]:
-    """The train state and data position saved at `step`, sharded on `mesh` as config.mesh.rules say.
+) -> tuple[TrainState, dict | None]:
+    """The train state and this process's data position saved at `step` (None: none for this process count),
+    sharded on `mesh` as config.mesh.rules say.
 
     The checkpoint may come from any mesh: Orbax reads each device's shards.
     `model`, `tx` and the config's seed give the state's structure, without computing it.
@@ -206,7 +203,7 @@ def restore_checkpoint(
 
 def restore_latest_checkpoint(
     checkpointer: Checkpointer, config: ml_collections.ConfigDict, model, tx, mesh: jax.sharding.Mesh
-) -> tuple[TrainState, batching.IteratorState] | None:
+) -> tuple[TrainState, dict | None] | None:
     """As `restore_checkpoint`, for the newest intact step (damaged later ones are moved aside); None if none."""
     return checkpointer.restore_latest(_abstract_state(config, model, tx, mesh))
 
@@ -234,7 +231,10 @@ def _latest_checkpoint(checkpointer: Checkpointer) -> str | None:
 
 
 def _summarize(metrics: list[dict[str, np.ndarray]], seconds: float) -> dict[str, float]:
-    """Means over an interval's applied steps (token-weighted), skipped steps, and target tokens/s."""
+    """Means over an interval's applied steps (token-weighted), skipped steps, and real target tokens/s.
+
+    Translation also gets 'real_token_fraction': the real (non-pad) share of the batches' target positions.
+    """
     tokens = np.array([m["tokens"] for m in metrics], np.float64)
     summary = {}
     if applied := [m for m in metrics if m["finite"]]:  # Skipped steps have non-finite losses.
@@ -246,6 +246,8 @@ def _summarize(metrics: list[dict[str, np.ndarray]], seconds: float) -> dict[str
     summary["steps_per_second"] = len(metrics) / seconds
     summary["target_tokens_per_second"] = float(tokens.sum()) / seconds
     summary["skipped_steps"] = float(len(metrics) - len(applied))
+    if "target_positions" in metrics[0]:
+        summary["real_token_fraction"] = float(tokens.sum()) / sum(m["target_positions"] for m in metrics)
     return summary
 
 

@@ -1,22 +1,39 @@
 """The seam between the training loop and a task (translation, classification).
 
 The loop (training/loop.py) trains and evaluates any task the same way: the same
-state, optimizer, compiled train step, length-bucketed restorable batches,
-checkpoints, keep-best and metrics. What differs is asked of a `Task`: its data,
-its model, its loss, and how its parameters are validated and evaluated.
+state, optimizer, compiled train step, restorable training batches, checkpoints,
+keep-best and metrics. What differs is asked of a `Task`: its data, its training
+batches (translation streams packed rows from records, classification takes
+length buckets of its in-memory examples), its model, its loss, and how its
+parameters are validated and evaluated.
 `training.translation.TranslationTask` and `training.classification.ClassificationTask`
 implement it; `config.task` picks one (`make_task`).
 """
 
+import functools
+from collections.abc import Iterator
 from typing import Any, Protocol
 
 import jax
 import ml_collections
+import numpy as np
 import sentencepiece as spm
 
+from input_pipeline import batching
 from input_pipeline.batching import Examples
 from models.build import is_classification
+from training import sharding
 from training.steps import LossFn
+
+
+class TrainBatchIterator(Protocol, Iterator[dict[str, np.ndarray]]):
+    """Endless training batches (this process's rows of each global batch) with a position to checkpoint."""
+
+    def get_state(self) -> dict:
+        """The position after the last batch returned, JSON-serialisable."""
+
+    def close(self) -> None:
+        """Releases threads or processes."""
 
 
 class Data(Protocol):
@@ -52,6 +69,16 @@ class Task(Protocol):
     ) -> Data:
         """The splits, with the workdir's tokenizer (trained on the first run when allowed)."""
 
+    def train_batches(
+        self,
+        config: ml_collections.ConfigDict,
+        data: Data,
+        mesh: jax.sharding.Mesh,
+        position: dict | None,
+        step: int,
+    ) -> TrainBatchIterator:
+        """The training batches from `position` (a checkpoint's, reached at `step`; None: none saved)."""
+
     def make_model(self, config: ml_collections.ConfigDict, data: Data) -> Any:
         """The flax module config.model describes, sized for `data` (vocabulary, classes)."""
 
@@ -66,6 +93,22 @@ class Task(Protocol):
         mesh: jax.sharding.Mesh,
     ) -> Evaluator:
         """Validation and evaluation of `model` on `data` (config.eval's batches) on `mesh`."""
+
+
+def bucketed_train_batches(
+    config: ml_collections.ConfigDict, examples: Examples, mesh: jax.sharding.Mesh, position: dict | None
+) -> batching.TrainBatches:
+    """Length-bucketed batches of in-memory `examples`, from `position` (None: the start)."""
+    batches = batching.TrainBatches(
+        examples,
+        config.dataset.bucket_boundaries,
+        sharding.batch_sizes(config, config.per_device_batch_size, mesh, config.grad_accumulation_steps),
+        config.seed,
+        rows=functools.partial(sharding.process_rows, mesh=mesh, rules=config.mesh.rules),
+    )
+    if position is not None:
+        batches.set_state(position)
+    return batches
 
 
 def make_task(config: ml_collections.ConfigDict) -> Task:

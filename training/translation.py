@@ -15,7 +15,7 @@ import ml_collections
 import numpy as np
 from absl import logging
 
-from input_pipeline import batching
+from input_pipeline import batching, streaming
 from input_pipeline.corpus import Corpus, load_corpus
 from input_pipeline.datasets import TextPairs
 from models.build import make_model
@@ -60,6 +60,31 @@ class TranslationTask:
 
     def load_data(self, config, workdir: str, splits: tuple[str, ...], *, allow_training_tokenizer: bool) -> Corpus:
         return load_corpus(config, workdir, splits, allow_training_tokenizer=allow_training_tokenizer)
+
+    def train_batches(self, config, data: Corpus, mesh, position: dict | None, step: int) -> streaming.TrainStream:
+        """The stream of packed (or padded) rows from data.train_records: this process's rows of each batch."""
+        dataset = config.dataset
+        global_rows = (
+            config.per_device_batch_size
+            * sharding.num_batch_shards(mesh, config.mesh.rules)
+            * config.grad_accumulation_steps
+        )
+        rows = sharding.process_rows(global_rows, mesh, config.mesh.rules)
+        return streaming.TrainStream(
+            data.train_records,
+            seed=config.seed,
+            state=position,
+            step=step,
+            tokenizer_path=data.tokenizer_path,
+            source_lang=dataset.source_lang,
+            target_lang=dataset.target_lang,
+            max_length=dataset.max_length,
+            rows=rows.stop - rows.start,
+            packing=dataset.packing,
+            process_index=jax.process_index(),
+            process_count=jax.process_count(),
+            num_workers=dataset.num_workers,
+        )
 
     def make_model(self, config, data: Corpus):
         return make_model(config, data.tokenizer.vocab_size())
