@@ -1,14 +1,21 @@
-r"""Train-step throughput on a config's real batches: compile time, steps/s, target tokens/s.
+r"""Training throughput on a config's real data: packed rows vs length buckets, and compute dtypes.
 
   python benchmarks/train_throughput.py --config=configs/quickstart.py \
-      --dtypes=float32,bfloat16 --steps=40
+      --batchings=bucketed,packed --steps=30 --rounds=3
 
-For each compute dtype, in one process: compiles the step for every bucket
-shape (compile time = first calls minus ordinary steps), then times `--steps` steps on the training stream
-and reports the median step time after warm-up. Dtypes alternate in rounds so
-that a noisy neighbour affects both alike. The step is compiled as the training
-loop compiles it: config.step_compilation over config.mesh, with
-config.grad_accumulation_steps (override any of them, e.g. --config.mesh.fsdp=2).
+For each (batching, dtype), in one process:
+
+- `packed`: the training stream as train.py runs it (input_pipeline/streaming.py: grain, packed
+  rows of dataset.max_length, prefetched while the step runs);
+- `bucketed`: the length buckets translation trained on before packing: the whole train split
+  tokenized in memory, batches of one bucket padded to its length (`batching.TrainBatches`,
+  about per_device_batch_size x max_length padded tokens each; one compiled step per bucket).
+
+Each variant first compiles its step shapes (compile time: the first calls minus ordinary
+steps), then runs `--steps` steps per round; variants alternate in rounds so that a noisy
+neighbour affects all alike. A step is timed from asking for its batch to having its metrics,
+so a data pipeline that cannot keep up shows. Reported: real (non-pad) target tokens/s, the
+median over steps, and the real share of the batches' target positions.
 """
 
 import statistics
@@ -16,92 +23,118 @@ import tempfile
 import time
 
 import jax
+import numpy as np
 from absl import app, flags
 from ml_collections import config_flags
 
-from input_pipeline import batching
+from input_pipeline import datasets
 from input_pipeline.corpus import load_corpus
 from models.build import make_model
-from training import sharding
-from training.loop import TranslationTask, batch_sizes, configured_train_step, initial_state, state_shardings
+from training import compilation_cache, sharding, tasks
+from training.loop import configured_train_step, initial_state, state_shardings
 from training.optimizer import make_optimizer
+from training.translation import TranslationTask
 
 _CONFIG = config_flags.DEFINE_config_file("config", "configs/quickstart.py", "Config file.")
-_DTYPES = flags.DEFINE_list("dtypes", ["float32", "bfloat16"], "Compute dtypes to compare.")
-_STEPS = flags.DEFINE_integer("steps", 40, "Timed steps per dtype and round.")
-_ROUNDS = flags.DEFINE_integer("rounds", 2, "Rounds; each runs every dtype once.")
+_BATCHINGS = flags.DEFINE_list("batchings", ["bucketed", "packed"], "Training batches to compare.")
+_DTYPES = flags.DEFINE_list("dtypes", [], "Compute dtypes to compare (default: the config's model.dtype).")
+_STEPS = flags.DEFINE_integer("steps", 30, "Timed steps per variant and round.")
+_ROUNDS = flags.DEFINE_integer("rounds", 3, "Rounds; each runs every variant once.")
+_WORKDIR = flags.DEFINE_string("workdir", "", "Where data and tokenizer are prepared (default: a temporary folder).")
 _MAX_WARMUP_STEPS = 200
 
 
-def _runner(config, corpus, dtype, mesh):
-    """The train step as the training loop compiles it (config.step_compilation, config.mesh), for `dtype`."""
+def _bucketed_batches(config, workdir: str, corpus, mesh) -> tasks.TrainBatchIterator:
+    """The whole train split tokenized in memory, in length-bucketed batches."""
+    dataset = config.dataset
+    builder = datasets.make_builder(dataset, workdir, required_splits=(dataset.train_split,))
+    text = datasets.load_text_pairs(builder, dataset.train_split, dataset.source_lang, dataset.target_lang)
+    ids = datasets.filter_by_length(datasets.tokenize(text, corpus.tokenizer), dataset.max_length)
+    return tasks.bucketed_train_batches(config, ids, mesh, None)
+
+
+def _runner(config, workdir, corpus, mesh, batching: str, dtype: str) -> dict:
+    """The train step as the training loop compiles it, for `dtype`, and its batches."""
     config = config.copy_and_resolve_references()
     config.model.dtype = dtype
     model = make_model(config, corpus.tokenizer.vocab_size())
     tx, schedule = make_optimizer(config.optimizer)
     shardings = state_shardings(config, model, tx, mesh)
-    state = initial_state(config, model, tx, shardings)
-    loss_fn = TranslationTask().loss_fn(config, model)
-    train_step = configured_train_step(config, loss_fn, tx, schedule, mesh, shardings)
-    sizes = batch_sizes(config, config.per_device_batch_size, mesh, config.grad_accumulation_steps)
-    stream = batching.TrainBatches(
-        corpus.ids[config.dataset.train_split], config.dataset.bucket_boundaries, sizes, config.seed
-    )
-    return {"state": train_step.enter(state), "train_step": train_step, "stream": stream, "first_call_seconds": 0.0}
+    task = TranslationTask()
+    train_step = configured_train_step(config, task.loss_fn(config, model), tx, schedule, mesh, shardings)
+    if batching == "packed":
+        batches = task.train_batches(config, corpus, mesh, None, 0)
+    elif batching == "bucketed":
+        batches = _bucketed_batches(config, workdir, corpus, mesh)
+    else:
+        raise app.UsageError(f"--batchings: unknown {batching!r}; choose bucketed or packed.")
+    state = train_step.enter(initial_state(config, model, tx, shardings))
+    return {"train_step": train_step, "batches": batches, "state": state, "shapes": set(), "first_calls": 0.0}
 
 
-def _time_steps(runner, num_steps):
-    """Runs `num_steps` steps; returns their seconds, target tokens and padded lengths."""
-    step_seconds, tokens, lengths = [], [], []
-    state = runner["state"]
+def _run_steps(runner: dict, num_steps: int) -> list[tuple[float, float, int, tuple]]:
+    """Runs `num_steps` steps; each gives (seconds, real target tokens, target positions, batch shape)."""
+    results = []
     for i in range(num_steps):
-        batch = next(runner["stream"])
-        lengths.append(batch["inputs"].shape[1])
-        batch = runner["train_step"].place_batch(batch)
         start = time.perf_counter()
-        state, metrics = runner["train_step"].run(state, batch, jax.random.PRNGKey(i))
-        tokens.append(float(metrics["tokens"]))  # Waits for the step.
-        step_seconds.append(time.perf_counter() - start)
-    runner["state"] = state
-    return step_seconds, tokens, lengths
+        batch = next(runner["batches"])
+        shape = batch["targets"].shape
+        placed = runner["train_step"].place_batch(batch)
+        runner["state"], metrics = runner["train_step"].run(runner["state"], placed, jax.random.PRNGKey(i))
+        tokens = float(metrics["tokens"])  # Waits for the step.
+        results.append((time.perf_counter() - start, tokens, int(np.prod(shape)), shape))
+    return results
+
+
+def _warm_up(runner: dict, num_shapes: int) -> None:
+    """Compiles every step shape: steps until `num_shapes` shapes have been seen (their first calls timed)."""
+    for _ in range(_MAX_WARMUP_STEPS):
+        ((seconds, _, _, shape),) = _run_steps(runner, 1)
+        if shape not in runner["shapes"]:
+            runner["shapes"].add(shape)
+            runner["first_calls"] += seconds
+        if len(runner["shapes"]) == num_shapes:
+            return
 
 
 def main(argv):
     del argv
     config = _CONFIG.value
+    compilation_cache.enable("")  # Compile times as on a cold start.
     mesh = sharding.make_mesh(config.mesh)
-    with tempfile.TemporaryDirectory() as workdir:
-        splits = (config.dataset.train_split,)
-        corpus = load_corpus(config, workdir, splits, allow_training_tokenizer=True)
-        runners = {dtype: _runner(config, corpus, dtype, mesh) for dtype in _DTYPES.value}
-        # Warm up: the first step of each bucket shape compiles it (timed, with the step).
-        for runner in runners.values():
-            seen = set()
-            for _ in range(_MAX_WARMUP_STEPS):
-                seconds, _, lengths = _time_steps(runner, 1)
-                if lengths[0] not in seen:
-                    seen.add(lengths[0])
-                    runner["first_call_seconds"] += seconds[0]
-                if len(seen) == len(config.dataset.bucket_boundaries):
-                    break
-        timings = {dtype: ([], []) for dtype in runners}
+    dtypes = _DTYPES.value or [config.model.dtype]
+    with tempfile.TemporaryDirectory() as temporary:
+        workdir = _WORKDIR.value or temporary
+        corpus = load_corpus(config, workdir, (config.dataset.train_split,), allow_training_tokenizer=True)
+        runners = {
+            (batching, dtype): _runner(config, workdir, corpus, mesh, batching, dtype)
+            for batching in _BATCHINGS.value
+            for dtype in dtypes
+        }
+        for (batching, _), runner in runners.items():
+            _warm_up(runner, 1 if batching == "packed" else len(config.dataset.bucket_boundaries))
+        timed = {variant: [] for variant in runners}
         for _ in range(_ROUNDS.value):
-            for dtype, runner in runners.items():
-                seconds, tokens, _ = _time_steps(runner, _STEPS.value)
-                timings[dtype][0].extend(seconds)
-                timings[dtype][1].extend(tokens)
+            for variant, runner in runners.items():
+                timed[variant].extend(_run_steps(runner, _STEPS.value))
+        for runner in runners.values():
+            runner["batches"].close()
 
-    num_timed = _ROUNDS.value * _STEPS.value
-    print(f"{'dtype':<10} {'compile s':>10} {'steps/s':>8} {'tgt tok/s':>10}  (median of {num_timed} steps)")
+    print(
+        f"{'batches':<9} {'dtype':<9} {'shapes':>6} {'compile s':>9} {'real tgt tok/s':>14} {'real share':>10}  "
+        f"(median of {_ROUNDS.value * _STEPS.value} steps)"
+    )
     baseline = None
-    for dtype, (seconds, tokens) in timings.items():
-        median_step = statistics.median(seconds)
-        tokens_per_second = statistics.median(t / s for t, s in zip(tokens, seconds))
-        compile_seconds = runners[dtype]["first_call_seconds"] - len(config.dataset.bucket_boundaries) * median_step
-        baseline = baseline or median_step
+    for (batching, dtype), results in timed.items():
+        runner = runners[(batching, dtype)]
+        seconds = [s for s, _, _, _ in results]
+        tokens_per_second = statistics.median(t / s for s, t, _, _ in results)
+        real_share = sum(t for _, t, _, _ in results) / sum(p for _, _, p, _ in results)
+        compile_seconds = runner["first_calls"] - len(runner["shapes"]) * statistics.median(seconds)
+        baseline = baseline or tokens_per_second
         print(
-            f"{dtype:<10} {compile_seconds:>10.1f} {1 / median_step:>8.2f} {tokens_per_second:>10.0f}"
-            f"  speed-up vs {_DTYPES.value[0]}: {baseline / median_step:.2f}x"
+            f"{batching:<9} {dtype:<9} {len(runner['shapes']):>6} {compile_seconds:>9.1f} {tokens_per_second:>14.0f} "
+            f"{real_share:>10.1%}  {tokens_per_second / baseline:.2f}x the first row"
         )
 
 
