@@ -21,10 +21,10 @@ BUNDLED_CORPUS = os.path.join(
 def get_config():
     """Returns the quick-start config."""
     config = default.get_config()
-    config.num_train_steps = 800
+    config.num_train_steps = 600
     config.log_every_steps = 50
-    config.eval_every_steps = 400
-    config.checkpoint_every_steps = 400
+    config.eval_every_steps = 300
+    config.checkpoint_every_steps = 300
     config.keep_checkpoints = 2
     config.per_device_batch_size = 64  # 64 rows x 64 = 4,096 target positions a batch, ~97% real when packed.
 
