@@ -14,8 +14,9 @@ For each (batching, dtype), in one process:
 Each variant first compiles its step shapes (compile time: the first calls minus ordinary
 steps), then runs `--steps` steps per round; variants alternate in rounds so that a noisy
 neighbour affects all alike. A step is timed from asking for its batch to having its metrics,
-so a data pipeline that cannot keep up shows. Reported: real (non-pad) target tokens/s, the
-median over steps, and the real share of the batches' target positions.
+so a data pipeline that cannot keep up (or takes the device's CPU) shows. Reported: real
+(non-pad) target tokens/s of each round (its tokens over its seconds: buckets of different
+lengths average out), the median over rounds, and the real share of the target positions.
 """
 
 import statistics
@@ -113,22 +114,25 @@ def main(argv):
         }
         for (batching, _), runner in runners.items():
             _warm_up(runner, 1 if batching == "packed" else len(config.dataset.bucket_boundaries))
-        timed = {variant: [] for variant in runners}
+        timed = {variant: [] for variant in runners}  # Per round: its steps' results.
         for _ in range(_ROUNDS.value):
             for variant, runner in runners.items():
-                timed[variant].extend(_run_steps(runner, _STEPS.value))
+                timed[variant].append(_run_steps(runner, _STEPS.value))
         for runner in runners.values():
             runner["batches"].close()
 
     print(
         f"{'batches':<9} {'dtype':<9} {'shapes':>6} {'compile s':>9} {'real tgt tok/s':>14} {'real share':>10}  "
-        f"(median of {_ROUNDS.value * _STEPS.value} steps)"
+        f"(median of {_ROUNDS.value} rounds of {_STEPS.value} steps)"
     )
     baseline = None
-    for (batching, dtype), results in timed.items():
+    for (batching, dtype), rounds in timed.items():
         runner = runners[(batching, dtype)]
+        results = [result for round_results in rounds for result in round_results]
         seconds = [s for s, _, _, _ in results]
-        tokens_per_second = statistics.median(t / s for s, t, _, _ in results)
+        tokens_per_second = statistics.median(
+            sum(t for _, t, _, _ in round_results) / sum(s for s, _, _, _ in round_results) for round_results in rounds
+        )
         real_share = sum(t for _, t, _, _ in results) / sum(p for _, _, p, _ in results)
         compile_seconds = runner["first_calls"] - len(runner["shapes"]) * statistics.median(seconds)
         baseline = baseline or tokens_per_second

@@ -68,11 +68,9 @@ class TokenizePair(grain.transforms.Map):
     def map(self, record: dict[str, Any]) -> dict[str, np.ndarray]:
         if self._tokenizer is None:
             self._tokenizer = load_tokenizer(self._path)
-        sides = self._tokenizer.encode([_text(record[key]) for key in self._keys])
-        return {
-            "inputs": np.array(sides[0] + [EOS_ID], np.int32),
-            "targets": np.array(sides[1] + [EOS_ID], np.int32),
-        }
+        # One sentence a call: encode() of a list starts threads, 15x slower for a pair (106 vs 7 µs).
+        source, target = (self._tokenizer.encode(_text(record[key])) for key in self._keys)
+        return {"inputs": np.array(source + [EOS_ID], np.int32), "targets": np.array(target + [EOS_ID], np.int32)}
 
 
 class FitsLength(grain.transforms.Filter):
