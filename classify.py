@@ -71,8 +71,10 @@ def classify(workdir: str) -> None:
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+    from training import host_memory, text_io  # pylint: disable=g-import-not-at-top
+
+    host_memory.keep_freed_memory()  # Before JAX's threads start.
     quiet_library_logs()
-    from training import text_io  # pylint: disable=g-import-not-at-top
 
     text_io.run_command(lambda: classify(_WORKDIR.value), _OUTPUT.value or _ATTENTION_MAPS.value)
 

@@ -21,7 +21,7 @@ from ml_collections import config_flags
 from common import processes
 from common.errors import TrainingStopped, UserInputError
 from configs.validation import validate_config
-from training import compilation_cache, distributed, io_errors, workdir
+from training import compilation_cache, distributed, host_memory, io_errors, workdir
 from training.logs import quiet_library_logs
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file (configs/*.py).", lock_config=True)
@@ -96,6 +96,7 @@ def _parse_flags(argv: list[str]) -> list[str]:
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+    host_memory.keep_freed_memory()  # Before JAX's threads start.
     quiet_library_logs()
     config = _CONFIG.value
     # Before anything compiles (connecting several processes does).
