@@ -19,8 +19,9 @@ from models.build import make_model
 from models.embeddings import PositionalEncoding, sinusoidal_positions
 from models.transformer import shift_right_per_segment
 from training import loop, sharding
+from training.losses import smoothed_cross_entropy
 from training.optimizer import make_optimizer
-from training.steps import compile_train_step, smoothed_cross_entropy, translation_loss
+from training.steps import compile_train_step, translation_loss
 
 # Without dropout, so that packed and unpacked rows run the same function.
 CONFIG = dataclasses.replace(TINY_MODEL, dropout_rate=0.0, attention_dropout_rate=0.0)

@@ -26,9 +26,10 @@ from models.build import make_model
 from models.classifier import Classifier
 from training import classification_metrics, evaluation, sharding, tasks
 from training.inference import classifier_attention_figures, encode_sources
+from training.losses import weighted_metrics
 from training.metrics_writer import MetricWriter
 from training.sharding import process_rows, shard_batch
-from training.steps import LossFn, weighted_metrics
+from training.steps import LossFn
 
 PREDICTIONS_FILE = "predictions.tsv"
 CONFUSION_MATRIX_FILE = "confusion_matrix.png"

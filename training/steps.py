@@ -1,4 +1,4 @@
-"""Pure train and eval steps: teacher forcing and label-smoothed cross-entropy.
+"""Pure train and eval steps: teacher forcing and label-smoothed cross-entropy (training/losses.py).
 
 Both are plain functions of pytrees with no host-side state. The train step takes
 its loss as a function of (params, batch, rng) (`LossFn`), chosen by the task:
@@ -21,9 +21,9 @@ from jax import lax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from common.mesh_axes import LogicalRules
-from common.special_ids import PAD_ID
 from models import Transformer
 from training import sharding
+from training.losses import token_metrics
 from training.state import TrainState
 
 # Translation: 'inputs', 'targets' [batch, length] int32; packed rows add PACKING_KEYS.
@@ -35,68 +35,6 @@ PACKING_KEYS = ("inputs_segment_ids", "inputs_positions", "targets_segment_ids",
 # Sums, not means: they add up across micro-batches and devices; 'tokens' is what the
 # train step divides them by (target tokens, or examples for classification).
 LossFn = Callable[[Any, Batch, jax.Array], tuple[jax.Array, dict[str, jax.Array]]]
-
-
-def _token_losses(logits: jax.Array, targets: jax.Array, label_smoothing: float) -> tuple[jax.Array, jax.Array]:
-    """Per-token NLL and label-smoothed loss, [batch, length] each, from one log-softmax.
-
-    The smoothed target gives the true token 1 - label_smoothing and every other
-    token label_smoothing / (vocab - 1); its cross-entropy is
-    (confidence - low) * nll - low * sum(log_probs), with no [batch, length, vocab]
-    one-hot built. Subtracting the entropy of the target distribution makes a
-    perfect prediction score 0 (the loss is the KL divergence), whatever the smoothing.
-    """
-    log_probs = jax.nn.log_softmax(logits, axis=-1)
-    nll = -jnp.take_along_axis(log_probs, targets[..., None], axis=-1)[..., 0]
-    if label_smoothing == 0:
-        return nll, nll
-    vocab_size = logits.shape[-1]
-    confidence = 1.0 - label_smoothing
-    low = label_smoothing / (vocab_size - 1)
-    minimum = -(confidence * jnp.log(confidence) + (vocab_size - 1) * low * jnp.log(low))
-    smoothed = (confidence - low) * nll - low * jnp.sum(log_probs, axis=-1) - minimum
-    return nll, smoothed
-
-
-def smoothed_cross_entropy(logits: jax.Array, targets: jax.Array, label_smoothing: float) -> jax.Array:
-    """Per-token KL divergence from the label-smoothed targets to the prediction.
-
-    Args:
-        logits: [batch, length, vocab] float32.
-        targets: [batch, length] int32 token ids.
-        label_smoothing: in [0, 1).
-
-    Returns:
-        [batch, length] float32 losses; 0 for a prediction equal to the smoothed targets.
-    """
-    return _token_losses(logits, targets, label_smoothing)[1]
-
-
-def weighted_metrics(
-    logits: jax.Array, targets: jax.Array, weights: jax.Array, label_smoothing: float
-) -> dict[str, jax.Array]:
-    """Weighted sums: 'loss' (smoothed), 'nll', 'correct' (argmax == target) and 'tokens' (the weights).
-
-    Args:
-        logits: [..., classes] float32.
-        targets: [...] int32 class ids (tokens, or labels).
-        weights: [...] 1 for what counts, 0 for padding.
-        label_smoothing: in [0, 1).
-    """
-    weights = weights.astype(jnp.float32)
-    nll, loss = _token_losses(logits, targets, label_smoothing)
-    correct = (jnp.argmax(logits, axis=-1) == targets).astype(jnp.float32)
-    return {
-        "loss": jnp.sum(loss * weights),
-        "nll": jnp.sum(nll * weights),
-        "correct": jnp.sum(correct * weights),
-        "tokens": jnp.sum(weights),
-    }
-
-
-def token_metrics(logits: jax.Array, targets: jax.Array, label_smoothing: float) -> dict[str, jax.Array]:
-    """Sums over non-padding tokens: 'loss' (smoothed), 'nll', 'correct', 'tokens'."""
-    return weighted_metrics(logits, targets, targets != PAD_ID, label_smoothing)
 
 
 def translation_loss(
