@@ -6,6 +6,7 @@ the tied output projection) or `float32_accumulating_dot_general` (passed to
 """
 
 import functools
+import math
 import string
 from typing import Any
 
@@ -17,12 +18,17 @@ Array = jax.Array
 Dtype = Any
 
 
-# On CPUs with bf16 matrix units (AMX, AVX512-BF16) a bf16 x bf16 product is much
-# faster than float32 -- but only when it accumulates into and returns float32.
-# JAX's own gradient of such a product multiplies the float32 cotangent with the bf16
-# operands, which XLA performs in float32; our backward pass instead casts the
-# cotangent to the operand dtype (as bf16 training does anyway), so all three matmuls
-# of a layer run in bf16. With float32 operands this is exactly the usual gradient.
+# Policy: with a bf16 compute dtype, every matmul of the forward and the backward pass takes
+# bf16 operands and accumulates (and returns) float32, on every backend. JAX's own gradient of
+# such a product would multiply the float32 cotangent with the bf16 operands, which XLA runs
+# in float32 (at float32/TF32 speed on GPU, in slow float32 kernels on CPU); the custom
+# gradient below casts the cotangent to the operand dtype first, as bf16 training does anyway.
+# With float32 operands this is exactly the usual gradient.
+
+
+def _explicit_row_major_layouts() -> bool:
+    """Whether matmuls are laid out by hand as [batch, m, k] x [batch, k, n] (XLA:CPU), not by XLA."""
+    return jax.default_backend() == 'cpu'
 
 
 def _materialized_transpose(x: Array, axes: list[int]) -> Array:
@@ -32,21 +38,48 @@ def _materialized_transpose(x: Array, axes: list[int]) -> Array:
     return lax.optimization_barrier(jnp.transpose(x, axes))
 
 
-def _matmul_einsum(subscripts: str, lhs: Array, rhs: Array) -> Array:
-    """Two-operand einsum as [batch, m, k] x [batch, k, n] -> float32 [batch, m, n].
-
-    Operands are explicitly transposed into this row-major matmul layout: XLA:CPU's
-    fast bf16 kernels handle only it, other bf16 layouts are slow or unsupported.
-    """
+def _row_major_layout(subscripts: str) -> tuple[list[str], list[str], list[str], list[str], list[str]]:
+    """(batch, contracting, lhs_free, rhs_free, out) letters of a two-operand einsum."""
     operand_subscripts, out = subscripts.split('->')
     lhs_subscripts, rhs_subscripts = operand_subscripts.split(',')
     batch = [c for c in out if c in lhs_subscripts and c in rhs_subscripts]
     contracting = [c for c in lhs_subscripts if c in rhs_subscripts and c not in out]
     lhs_free = [c for c in lhs_subscripts if c not in rhs_subscripts]
     rhs_free = [c for c in rhs_subscripts if c not in lhs_subscripts]
-    # Swap the operands when that makes the output need no transpose.
-    if lhs_free and rhs_free and [c for c in out if c not in batch] == rhs_free + lhs_free:
-        return _matmul_einsum(f'{rhs_subscripts},{lhs_subscripts}->{out}', rhs, lhs)
+    return batch, contracting, lhs_free, rhs_free, list(out)
+
+
+def _transposed_elements(subscripts: str, lhs: Array, rhs: Array) -> int:
+    """How many elements `_row_major_matmul` moves to lay out `subscripts` with these operands."""
+    batch, contracting, lhs_free, rhs_free, out = _row_major_layout(subscripts)
+    lhs_subscripts, rhs_subscripts = subscripts.split('->')[0].split(',')
+    sizes = dict(zip(lhs_subscripts, lhs.shape)) | dict(zip(rhs_subscripts, rhs.shape))
+    moved = 0
+    if list(lhs_subscripts) != batch + lhs_free + contracting:
+        moved += lhs.size
+    if list(rhs_subscripts) != batch + contracting + rhs_free:
+        moved += rhs.size
+    if out != batch + lhs_free + rhs_free:
+        moved += math.prod(sizes[c] for c in out)
+    return moved
+
+
+def _row_major_matmul(subscripts: str, lhs: Array, rhs: Array) -> Array:
+    """Two-operand einsum as [batch, m, k] x [batch, k, n] -> float32 [batch, m, n].
+
+    Operands are explicitly transposed into this row-major matmul layout: XLA:CPU's
+    fast bf16 kernels handle only it, other bf16 layouts are slow or unsupported. Of
+    the two operand orders, the one that moves fewer elements is taken: the gradient
+    of the output projection, for one, transposes its small [d_model, vocab] result
+    rather than its large [tokens, vocab] cotangent.
+    """
+    operand_subscripts, out = subscripts.split('->')
+    lhs_subscripts, rhs_subscripts = operand_subscripts.split(',')
+    swapped = f'{rhs_subscripts},{lhs_subscripts}->{out}'
+    if _transposed_elements(swapped, rhs, lhs) < _transposed_elements(subscripts, lhs, rhs):
+        subscripts, lhs, rhs = swapped, rhs, lhs
+        lhs_subscripts, rhs_subscripts = rhs_subscripts, lhs_subscripts
+    batch, contracting, lhs_free, rhs_free, out = _row_major_layout(subscripts)
     lhs = _materialized_transpose(lhs, [lhs_subscripts.index(c) for c in batch + lhs_free + contracting])
     rhs = _materialized_transpose(rhs, [rhs_subscripts.index(c) for c in batch + contracting + rhs_free])
     num_batch, num_contracting = len(batch), len(contracting)
@@ -66,9 +99,16 @@ def _matmul_einsum(subscripts: str, lhs: Array, rhs: Array) -> Array:
     return jnp.transpose(product, [product_subscripts.index(c) for c in out])
 
 
+def _matmul(subscripts: str, lhs: Array, rhs: Array) -> Array:
+    """The einsum of two same-dtype operands, accumulated in and returned as float32."""
+    if _explicit_row_major_layouts():
+        return _row_major_matmul(subscripts, lhs, rhs)
+    return jnp.einsum(subscripts, lhs, rhs, preferred_element_type=jnp.float32)
+
+
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
 def _float32_output_einsum(subscripts: str, lhs: Array, rhs: Array) -> Array:
-    return _matmul_einsum(subscripts, lhs, rhs)
+    return _matmul(subscripts, lhs, rhs)
 
 
 def _float32_output_einsum_forward(subscripts, lhs, rhs):
@@ -82,8 +122,8 @@ def _float32_output_einsum_backward(subscripts, residuals, cotangent):
     operand_subscripts, out = subscripts.split('->')
     lhs_subscripts, rhs_subscripts = operand_subscripts.split(',')
     cotangent = cotangent.astype(lhs.dtype)
-    lhs_grad = _matmul_einsum(f'{out},{rhs_subscripts}->{lhs_subscripts}', cotangent, rhs)
-    rhs_grad = _matmul_einsum(f'{lhs_subscripts},{out}->{rhs_subscripts}', lhs, cotangent)
+    lhs_grad = _matmul(f'{out},{rhs_subscripts}->{lhs_subscripts}', cotangent, rhs)
+    rhs_grad = _matmul(f'{lhs_subscripts},{out}->{rhs_subscripts}', lhs, cotangent)
     return lhs_grad.astype(lhs.dtype), rhs_grad.astype(rhs.dtype)
 
 
@@ -93,12 +133,13 @@ _float32_output_einsum.defvjp(_float32_output_einsum_forward, _float32_output_ei
 def float32_accumulating_einsum(subscripts: str, lhs: Array, rhs: Array, *, dtype: Dtype) -> Array:
     """A two-operand matmul `jnp.einsum` of `lhs` and `rhs` cast to `dtype`, returning float32.
 
+    Forward and backward products take `dtype` operands and accumulate in float32.
     Subscripts must be explicit ('...->...') without ellipses.
     """
-    if dtype == jnp.float32 or jax.default_backend() != 'cpu':
-        # GPU/TPU compilers pick fast layouts and mixed-precision gradients themselves.
-        return jnp.einsum(subscripts, lhs.astype(dtype), rhs.astype(dtype), preferred_element_type=jnp.float32)
-    return _float32_output_einsum(subscripts, lhs.astype(dtype), rhs.astype(dtype))
+    lhs, rhs = lhs.astype(dtype), rhs.astype(dtype)
+    if dtype == jnp.float32:  # JAX's own gradient is already float32 throughout.
+        return jnp.einsum(subscripts, lhs, rhs, preferred_element_type=jnp.float32)
+    return _float32_output_einsum(subscripts, lhs, rhs)
 
 
 def _dot_general_subscripts(lhs_ndim: int, rhs_ndim: int, dimension_numbers) -> str:
