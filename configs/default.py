@@ -127,6 +127,11 @@ def get_config() -> ml_collections.ConfigDict:
     model.norm_placement = "post"  # 'post' (the paper) or 'pre'.
     model.tie_embeddings = True  # Source/target embeddings and output layer.
     model.dtype = "float32"  # Compute dtype: 'float32' or 'bfloat16'.
+    # How attention is computed where no attention weight is needed (no attention dropout, no
+    # attention maps): 'auto' (cuDNN's fused kernel on GPUs in bfloat16, else 'explicit'),
+    # 'explicit' (softmax(QK^T/sqrt(d_k))V as written, models/attention.py), or
+    # jax.nn.dot_product_attention's 'xla' or 'cudnn' implementation.
+    model.attention_implementation = "auto"
     # Classification: the encoder's outputs are summarised by 'mean' (over the real
     # tokens) or 'cls' (the output at a [CLS] token put before each sentence).
     model.pooling = "mean"

@@ -16,6 +16,7 @@ _CHOICES = {
     "model.positional_encoding": ("sinusoidal", "learned"),
     "model.norm_placement": ("post", "pre"),
     "model.dtype": ("float32", "bfloat16"),
+    "model.attention_implementation": ("auto", "explicit", "xla", "cudnn"),
     "tokenizer.model_type": ("unigram", "bpe"),
     "step_compilation": ("jit", "pmap"),
     "nonfinite": ("stop", "skip"),
@@ -65,6 +66,7 @@ _DEFAULTS = {
     "max_nonfinite_in_a_row": 10,
     "dataset.packing": True,
     "dataset.num_workers": 0,
+    "model.attention_implementation": "auto",
 }
 
 
@@ -106,6 +108,11 @@ def validate_config(config: ml_collections.ConfigDict, num_devices: int | None =
     for field in ("dropout_rate", "attention_dropout_rate"):
         if not 0.0 <= model[field] < 1.0:
             raise UserInputError(f"config.model.{field} must be in [0, 1).")
+    if _get(config, "model.attention_implementation") == "cudnn" and jax.default_backend() != "gpu":
+        raise UserInputError(
+            f"config.model.attention_implementation is 'cudnn', which needs an NVIDIA GPU; this run has "
+            f"{jax.default_backend()}. Use 'auto' (cuDNN where it can run) or 'explicit'."
+        )
     if not 0.0 <= config.optimizer.label_smoothing < 1.0:
         raise UserInputError("config.optimizer.label_smoothing must be in [0, 1).")
     if config.optimizer.warmup_steps < 0 or config.optimizer.grad_clip_norm < 0:

@@ -116,6 +116,35 @@ def dot_product_attention(
     return output, weights
 
 
+# How `MultiHeadAttention` computes softmax(Q K^T / sqrt(d_k)) V: 'explicit' is
+# `dot_product_attention` above; 'xla' and 'cudnn' are `jax.nn.dot_product_attention`'s
+# implementations (cuDNN's fused flash attention on NVIDIA GPUs).
+ATTENTION_IMPLEMENTATIONS = ('explicit', 'xla', 'cudnn')
+
+
+def fused_dot_product_attention(
+    query: Array, key: Array, value: Array, mask: Array | None, *, implementation: str, dtype: Dtype
+) -> Array:
+    """`dot_product_attention`'s output through `jax.nn.dot_product_attention`, without weights or dropout.
+
+    Args:
+        query: [batch, q_len, heads, head_dim].
+        key, value: [batch, kv_len, heads, head_dim].
+        mask: bool, broadcastable to [batch, heads, q_len, kv_len]; True = attend.
+        implementation: 'xla' or 'cudnn'.
+        dtype: the operand dtype (cuDNN needs bfloat16 or float16).
+
+    Returns:
+        [batch, q_len, heads, head_dim] float32.
+    """
+    if mask is not None:
+        mask = jnp.broadcast_to(mask, (query.shape[0], mask.shape[1], query.shape[1], key.shape[1]))
+    output = jax.nn.dot_product_attention(
+        query.astype(dtype), key.astype(dtype), value.astype(dtype), mask=mask, implementation=implementation
+    )
+    return output.astype(jnp.float32)
+
+
 class MultiHeadAttention(nn.Module):
     """MultiHead(Q, K, V) = Concat(head_1, ..., head_h) W^O, head_i = Attention(Q W_i^Q, K W_i^K, V W_i^V).
 
@@ -135,12 +164,16 @@ class MultiHeadAttention(nn.Module):
         d_model: width of the inputs and the output.
         dropout_rate: dropout on the attention weights.
         dtype: matmul operand dtype (outputs are float32).
+        implementation: one of ATTENTION_IMPLEMENTATIONS. 'xla' and 'cudnn' apply where
+            no attention weight is needed: the explicit formula still runs for attention
+            dropout and when the weights are collected (attention maps).
     """
 
     num_heads: int
     d_model: int
     dropout_rate: float = 0.0
     dtype: Dtype = jnp.float32
+    implementation: str = 'explicit'
 
     def setup(self):
         project_to_heads = functools.partial(
@@ -167,7 +200,16 @@ class MultiHeadAttention(nn.Module):
         """Per-head keys and values, each [batch, kv_len, heads, head_dim], of [batch, kv_len, d_model]."""
         return self.key(inputs_kv), self.value(inputs_kv)
 
-    def attend(self, inputs_q: Array, key: Array, value: Array, mask: Array | None, *, deterministic: bool) -> Array:
+    def attend(
+        self,
+        inputs_q: Array,
+        key: Array,
+        value: Array,
+        mask: Array | None,
+        *,
+        deterministic: bool,
+        implementation: str | None = None,
+    ) -> Array:
         """Attends from `inputs_q` [batch, q_len, d_model] to projected keys and values.
 
         Args:
@@ -175,19 +217,24 @@ class MultiHeadAttention(nn.Module):
             key, value: [batch, kv_len, heads, head_dim] from `project_key_value`.
             mask: bool, broadcastable to [batch, heads, q_len, kv_len]; True = attend.
             deterministic: disables attention dropout.
+            implementation: overrides `self.implementation` for this call.
 
         Returns:
             [batch, q_len, d_model] float32.
         """
-        dropout_rng = None
-        if not deterministic and self.dropout_rate > 0.0:
-            dropout_rng = self.make_rng('dropout')
+        implementation = implementation or self.implementation
+        dropout = not deterministic and self.dropout_rate > 0.0
+        if implementation != 'explicit' and not dropout and not self.is_mutable_collection('intermediates'):
+            heads = fused_dot_product_attention(
+                self.query(inputs_q), key, value, mask, implementation=implementation, dtype=self.dtype
+            )
+            return self.output(heads)
         heads, weights = dot_product_attention(
             self.query(inputs_q),
             key,
             value,
             mask,
-            dropout_rng=dropout_rng,
+            dropout_rng=self.make_rng('dropout') if dropout else None,
             dropout_rate=self.dropout_rate,
             deterministic=deterministic,
             dtype=self.dtype,

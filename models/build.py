@@ -2,6 +2,7 @@
 
 import dataclasses
 
+import jax
 import ml_collections
 
 from common.special_ids import BOS_ID, PAD_ID
@@ -14,6 +15,22 @@ Model = Transformer | Classifier
 def is_classification(config: ml_collections.ConfigDict) -> bool:
     """Whether config.task is 'classification' (configs written before tasks existed translate)."""
     return config.get("task", "translation") == "classification"
+
+
+def attention_implementation(requested: str, dtype: str, head_dim: int) -> str:
+    """The attention implementation to run: `requested`, with 'auto' resolved for this backend.
+
+    'auto' is cuDNN's fused attention (through `jax.nn.dot_product_attention`) on GPUs where it
+    applies (bfloat16, head_dim a multiple of 8 up to 128), and the explicit formula elsewhere:
+    XLA:CPU and TPU compile it well, and its matmuls follow models/precision.py, which XLA's
+    own implementation of `jax.nn.dot_product_attention` does not (its backward products
+    multiply float32 cotangents with bfloat16 operands).
+    """
+    if requested != "auto":
+        return requested
+    if jax.default_backend() == "gpu" and dtype == "bfloat16" and head_dim % 8 == 0 and head_dim <= 128:
+        return "cudnn"
+    return "explicit"
 
 
 def make_model(config: ml_collections.ConfigDict, vocab_size: int, num_classes: int = 0) -> Model:
@@ -39,6 +56,9 @@ def make_model(config: ml_collections.ConfigDict, vocab_size: int, num_classes: 
         dtype=model.dtype,
         pad_id=PAD_ID,
         bos_id=BOS_ID,
+        attention_implementation=attention_implementation(
+            model.get("attention_implementation", "auto"), model.dtype, model.d_model // model.num_heads
+        ),
     )
     if is_classification(config):
         encoder = dataclasses.replace(transformer_config, num_decoder_layers=0)

@@ -34,8 +34,8 @@ def _explicit_row_major_layouts() -> bool:
 def _materialized_transpose(x: Array, axes: list[int]) -> Array:
     if axes == sorted(axes):
         return x
-    # The barrier stops XLA from folding the transpose back into the dot.
-    return lax.optimization_barrier(jnp.transpose(x, axes))
+    # The barriers stop XLA from folding the transpose into the dot that makes or uses it.
+    return lax.optimization_barrier(jnp.transpose(lax.optimization_barrier(x), axes))
 
 
 def _row_major_layout(subscripts: str) -> tuple[list[str], list[str], list[str], list[str], list[str]]:
@@ -96,7 +96,7 @@ def _row_major_matmul(subscripts: str, lhs: Array, rhs: Array) -> Array:
         preferred_element_type=jnp.float32,
     )
     product_subscripts = batch + lhs_free + rhs_free
-    return jnp.transpose(product, [product_subscripts.index(c) for c in out])
+    return _materialized_transpose(product, [product_subscripts.index(c) for c in out])
 
 
 def _matmul(subscripts: str, lhs: Array, rhs: Array) -> Array:

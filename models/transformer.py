@@ -60,6 +60,9 @@ class TransformerConfig:
     dtype: str  # Matmul compute dtype, 'float32' | 'bfloat16'. Params are always float32.
     pad_id: int = 0
     bos_id: int = 2
+    # models.attention.ATTENTION_IMPLEMENTATIONS: 'explicit', or jax.nn.dot_product_attention's
+    # 'xla' / 'cudnn' where no attention weight is needed (see MultiHeadAttention).
+    attention_implementation: str = 'explicit'
 
 
 def shift_right(targets: Array, bos_id: int) -> Array:
@@ -142,7 +145,13 @@ class FeedForward(nn.Module):
 
 
 def _multi_head_attention(config: TransformerConfig) -> MultiHeadAttention:
-    return MultiHeadAttention(config.num_heads, config.d_model, config.attention_dropout_rate, jnp.dtype(config.dtype))
+    return MultiHeadAttention(
+        config.num_heads,
+        config.d_model,
+        config.attention_dropout_rate,
+        jnp.dtype(config.dtype),
+        config.attention_implementation,
+    )
 
 
 def _layer_norm(name: str | None = None) -> nn.LayerNorm:
@@ -287,17 +296,24 @@ class DecoderLayer(nn.Module):
                 )
             # Slots after `position` are still empty; the causal mask hides them.
             visible = jnp.arange(cache['self_key'].shape[1]) <= position
+            # One query a step: the explicit formula (fused kernels gain nothing at q_len 1).
             return self.self_attention.attend(
                 h,
                 new_cache['self_key'],
                 new_cache['self_value'],
                 visible[None, None, None, :],
                 deterministic=True,
+                implementation='explicit',
             )
 
         def cross_attend(h: Array) -> Array:
             return self.cross_attention.attend(
-                h, cache['cross_key'], cache['cross_value'], cross_attention_mask, deterministic=True
+                h,
+                cache['cross_key'],
+                cache['cross_value'],
+                cross_attention_mask,
+                deterministic=True,
+                implementation='explicit',
             )
 
         return self._sublayers(x, self_attend, cross_attend, deterministic=True), new_cache

@@ -6,9 +6,16 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax import lax
-from tolerances import rounding_tolerance
+from tolerances import BFLOAT16_EPS, rounding_tolerance
 
-from models.attention import MultiHeadAttention, causal_mask, dot_product_attention, padding_mask
+from models.attention import (
+    MultiHeadAttention,
+    causal_mask,
+    dot_product_attention,
+    fused_dot_product_attention,
+    padding_mask,
+    segment_mask,
+)
 from models.precision import float32_accumulating_dot_general, float32_accumulating_einsum
 
 BATCH, Q_LEN, KV_LEN, HEADS, HEAD_DIM = 2, 3, 5, 4, 8
@@ -194,3 +201,75 @@ def test_dot_general_replacement_matches_lax_for_dense_general():
         lax.dot_general(heads, kernel, dimension_numbers),
         rtol=1e-5,
     )
+
+
+# --------------------------------------------------------------------------- #
+# jax.nn.dot_product_attention (the 'xla' implementation runs on the CPU) against the formula.
+# --------------------------------------------------------------------------- #
+
+SEGMENTS = np.array([[1, 1, 2, 2, 2], [1, 2, 2, 3, 0]])  # Two packed rows; the last key of row 1 is padding.
+
+
+def _parity_masks():
+    return {
+        "padding": padding_mask(QUERY_VALID, KEY_VALID),
+        "causal": causal_mask(KV_LEN),
+        "packed_causal": causal_mask(KV_LEN) & segment_mask(SEGMENTS, SEGMENTS),
+        "packed_cross": segment_mask(SEGMENTS[:, :Q_LEN], SEGMENTS),
+    }
+
+
+@pytest.mark.parametrize("mask_name", ["padding", "causal", "packed_causal", "packed_cross"])
+def test_jax_nn_attention_equals_the_formula_with_its_gradients(mask_name):
+    mask = _parity_masks()[mask_name]
+    q_len = mask.shape[2]
+    rng = np.random.default_rng(1)
+    query, key, value = (
+        jnp.asarray(rng.normal(size=(BATCH, length, HEADS, HEAD_DIM)), jnp.float32)
+        for length in (q_len, KV_LEN, KV_LEN)
+    )
+    cotangent = jnp.asarray(rng.normal(size=(BATCH, q_len, HEADS, HEAD_DIM)), jnp.float32)
+
+    def explicit(q, k, v):
+        return jnp.sum(dot_product_attention(q, k, v, mask)[0] * cotangent)
+
+    def fused(q, k, v):
+        return jnp.sum(fused_dot_product_attention(q, k, v, mask, implementation="xla", dtype=jnp.float32) * cotangent)
+
+    # Same formula, other evaluation order: HEAD_DIM-term scores, a KV_LEN softmax and
+    # weighted sum, of values up to ~|q||k|; gradients add the backward products.
+    tolerance = rounding_tolerance(2 * (HEAD_DIM + 3 * KV_LEN), magnitude=HEAD_DIM * 4.0)
+    np.testing.assert_allclose(fused(query, key, value), explicit(query, key, value), rtol=tolerance)
+    for fused_grad, explicit_grad in zip(
+        jax.grad(fused, argnums=(0, 1, 2))(query, key, value), jax.grad(explicit, argnums=(0, 1, 2))(query, key, value)
+    ):
+        np.testing.assert_allclose(fused_grad, explicit_grad, atol=tolerance)
+
+
+def test_bfloat16_jax_nn_attention_stays_within_bfloat16_rounding_of_the_formula():
+    mask = _parity_masks()["packed_causal"]
+    rng = np.random.default_rng(2)
+    query, key, value = (jnp.asarray(rng.normal(size=(BATCH, KV_LEN, HEADS, HEAD_DIM)), jnp.float32) for _ in range(3))
+    expected = dot_product_attention(query, key, value, mask, dtype=jnp.bfloat16)[0]
+    actual = fused_dot_product_attention(query, key, value, mask, implementation="xla", dtype=jnp.bfloat16)
+    # Both round the operands to bf16; jax.nn also rounds its weights and output to bf16:
+    # outputs are weighted means of |values| <~ 4.
+    np.testing.assert_allclose(actual, expected, atol=3 * BFLOAT16_EPS * 4.0)
+
+
+@pytest.mark.parametrize("implementation", ["explicit", "xla"])
+def test_multi_head_attention_uses_the_formula_where_weights_or_dropout_are_needed(implementation):
+    layer = MultiHeadAttention(
+        num_heads=HEADS, d_model=HEADS * HEAD_DIM, dropout_rate=0.5, implementation=implementation
+    )
+    x = jnp.asarray(np.random.default_rng(3).normal(size=(BATCH, KV_LEN, HEADS * HEAD_DIM)), jnp.float32)
+    mask = causal_mask(KV_LEN)
+    params = layer.init(jax.random.key(0), x, x, mask, deterministic=True)
+    plain = layer.apply(params, x, x, mask, deterministic=True)
+    # Collecting the weights (attention maps) takes the formula, with the same output.
+    with_weights, state = layer.apply(params, x, x, mask, deterministic=True, mutable=["intermediates"])
+    np.testing.assert_allclose(with_weights, plain, atol=rounding_tolerance(4 * HEAD_DIM * HEADS))
+    assert state["intermediates"]["attention_weights"][0].shape == (BATCH, HEADS, KV_LEN, KV_LEN)
+    # Attention dropout takes the formula too: some weights are dropped, so the output changes.
+    dropped = layer.apply(params, x, x, mask, deterministic=False, rngs={"dropout": jax.random.key(1)})
+    assert not np.allclose(dropped, plain)

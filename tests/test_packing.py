@@ -214,16 +214,26 @@ def test_a_segment_cannot_influence_another():
 # --------------------------------------------------------------------------- #
 
 
-@pytest.mark.parametrize('norm_placement', ['post', 'pre'])
-@pytest.mark.parametrize('positional_encoding', ['sinusoidal', 'learned'])
-def test_packed_rows_give_the_losses_and_gradients_of_unpacked_rows(positional_encoding, norm_placement):
+@pytest.mark.parametrize(
+    'positional_encoding, norm_placement, attention',
+    [
+        ('sinusoidal', 'post', 'explicit'),
+        ('sinusoidal', 'pre', 'explicit'),
+        ('learned', 'post', 'explicit'),
+        ('learned', 'pre', 'explicit'),
+        # Packed rows through jax.nn.dot_product_attention, against the formula on unpacked rows.
+        ('sinusoidal', 'post', 'xla'),
+    ],
+)
+def test_packed_rows_give_the_losses_and_gradients_of_unpacked_rows(positional_encoding, norm_placement, attention):
     config = dataclasses.replace(CONFIG, positional_encoding=positional_encoding, norm_placement=norm_placement)
     model, params = init_params(config)
+    packed_model = Transformer(dataclasses.replace(config, attention_implementation=attention))
     packed = pack(PAIRS, PACKED_ROWS, PACKED_LENGTH)
     locations = tuple(pair_locations(PACKED_ROWS))
 
-    @functools.partial(jax.jit, static_argnums=2)
-    def losses_and_grads(params, batch, locations):
+    @functools.partial(jax.jit, static_argnums=(0, 3))
+    def losses_and_grads(model, params, batch, locations):
         def summed(params):
             losses = per_pair_losses(model, params, batch, locations)
             return jnp.sum(losses), losses
@@ -231,8 +241,8 @@ def test_packed_rows_give_the_losses_and_gradients_of_unpacked_rows(positional_e
         (_, losses), grads = jax.value_and_grad(summed, has_aux=True)(params)
         return losses, grads
 
-    packed_losses, packed_grads = losses_and_grads(params, packed, locations)
-    losses, grads = losses_and_grads(params, unpacked(PAIRS, UNPACKED_LENGTH), None)
+    packed_losses, packed_grads = losses_and_grads(packed_model, params, packed, locations)
+    losses, grads = losses_and_grads(model, params, unpacked(PAIRS, UNPACKED_LENGTH), None)
 
     tokens = sum(len(target) for _, target in PAIRS)
     for pair, (_, target) in enumerate(PAIRS):
