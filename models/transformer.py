@@ -329,8 +329,8 @@ class DecoderLayer(nn.Module):
             self-attention key and value written in.
         """
         new_cache = dict(cache)
+        # This step's query and its new key sit at `position`; the cache's slots hold 0 .. max_length - 1.
         query_positions = jnp.full((1, 1), position, jnp.int32)
-        # The cache's slots hold positions 0 .. max_length - 1.
         key_positions = jnp.arange(cache['self_key'].shape[1], dtype=jnp.int32)[None]
 
         def self_attend(h: Array) -> Array:

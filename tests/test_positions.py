@@ -36,7 +36,7 @@ from configs.validation import validate_config
 from models import Transformer
 from models.attention import MultiHeadAttention, causal_mask, dot_product_attention, segment_mask
 from models.build import make_model
-from models.decoding import beam_search, greedy_decode
+from models.decoding import beam_search, decoding_memory_bytes, greedy_decode
 from models.positions import RelativeTerms, relative_distances, rotate
 from training import attention_maps
 
@@ -337,6 +337,23 @@ def test_cached_greedy_and_beam_search_equal_their_uncached_runs(variant):
     np.testing.assert_array_equal(tokens, uncached_tokens)
     operations = transformer_operations(model.config, inputs.shape[1], 10) * 10  # Ten steps' log-probabilities.
     np.testing.assert_allclose(scores, uncached_scores, rtol=rounding_tolerance(operations), atol=0)
+
+
+def test_the_decoding_memory_estimate_counts_keys_of_size_d_k():
+    """As test_user_errors' check for d_k = d_v: the estimate's cache terms are the bytes of the cache built."""
+    config = _config('relative')  # d_k 4, d_v 8.
+    model, params = _init(config)
+    batch, source_length, max_length = 3, 5, 7
+    encoded = jax.ShapeDtypeStruct((batch, source_length, config.d_model), jnp.float32)
+    cache = jax.eval_shape(
+        lambda e: model.apply({'params': params}, e, max_length, method=Transformer.init_cache), encoded
+    )
+    cache_bytes = sum(leaf.size * leaf.dtype.itemsize for leaf in jax.tree.leaves(cache))
+    logits = batch * config.vocab_size * 4
+    estimate = decoding_memory_bytes(
+        config, batch_size=batch, beam_size=1, source_length=source_length, max_length=max_length
+    )
+    assert estimate == cache_bytes + logits
 
 
 @pytest.mark.parametrize('variant', ['relative', 'rotary'])
