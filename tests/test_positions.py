@@ -33,7 +33,7 @@ from tolerances import loss_rtol, rounding_tolerance, transformer_operations
 
 from common.errors import UserInputError
 from configs.validation import validate_config
-from models import Transformer
+from models import Classifier, ClassifierConfig, Transformer
 from models.attention import MultiHeadAttention, causal_mask, dot_product_attention, segment_mask
 from models.build import make_model
 from models.decoding import beam_search, decoding_memory_bytes, greedy_decode
@@ -372,6 +372,19 @@ def test_attention_maps_of_the_new_kinds(variant):
         assert w.shape == shape, name
         np.testing.assert_allclose(w.sum(axis=-1), 1.0, rtol=1e-5, err_msg=name)
     assert np.all(np.triu(weights['decoder/layer_0/self_attention'], k=1) == 0.0)
+
+
+@pytest.mark.parametrize('variant', ['relative', 'rotary'])
+def test_the_classifier_ignores_padding(variant):
+    """The encoder alone (models/classifier.py, [CLS] pooling): positions 0, 1, ... of each row, padding masked."""
+    config = ClassifierConfig(_config(variant, num_decoder_layers=0), num_classes=5, pooling='cls')
+    model = Classifier(config)
+    rows = np.array([[5, 6, 7, EOS, PAD, PAD], [8, 9, 10, 11, 12, EOS]], np.int32)
+    params = nn.unbox(model.init(jax.random.key(0), rows, deterministic=True)['params'])
+    short = model.apply({'params': params}, rows, deterministic=True)
+    long = model.apply({'params': params}, np.pad(rows, ((0, 0), (0, 10))), deterministic=True)
+    operations = transformer_operations(config.encoder, 16, 0)
+    np.testing.assert_allclose(short, long, rtol=0, atol=rounding_tolerance(operations, max(1.0, np.abs(short).max())))
 
 
 # --------------------------------------------------------------------------- #
