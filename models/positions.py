@@ -1,6 +1,6 @@
 """Positions inside attention: rotary (Su et al., 2021) and relative (Shaw, Uszkoreit and Vaswani, 2018).
 
-Unlike the paper's positional encodings, which are added to the embeddings once
+Unlike Vaswani et al.'s positional encodings, which are added to the embeddings once
 (models/embeddings.py), these act on each self-attention's queries and keys, and see
 only the difference between a query's and a key's position: shifting every position
 by the same offset leaves the attention unchanged.
@@ -49,9 +49,12 @@ def rotary_angles(positions: Array, dim: int) -> Array:
 def rotate(x: Array, positions: Array) -> Array:
     """RoPE: rotates each pair (x_2i, x_2i+1) of every head's vector by the angle m * theta_i at position m.
 
-    The pairs interleave, as in the paper's block-diagonal rotation matrix R^d_{Theta,m}
-    (eq. 15). Then <rotate(q, m), rotate(k, n)> = q^T R^d_{Theta,n-m} k depends on the
-    positions only through n - m.
+    The pairs interleave, as in Su et al.'s block-diagonal rotation matrix R^d_{Theta,m}
+    (eq. 15) and as models/embeddings.py interleaves sin and cos. (The half-split pairing
+    (x_i, x_i+dim/2) of GPT-NeoX and LLaMA is the same up to a fixed permutation of the
+    query and key projections' output units: no different model.) Then
+    <rotate(q, m), rotate(k, n)> = q^T R^d_{Theta,n-m} k depends on the positions only
+    through n - m.
 
     Args:
         x: [batch, length, heads, dim] queries or keys; dim even.
