@@ -125,9 +125,9 @@ def get_config() -> ml_collections.ConfigDict:
     # every self-attention. 'rotary' (RoPE, Su et al., 2021): self-attention's queries and
     # keys rotated by position-dependent angles. Cross-attention never sees positions.
     model.positional_encoding = "sinusoidal"
-    # 'relative': distances beyond +-relative_clip share one vector (Shaw et al.: k >= 2 all
-    # gave the same BLEU); relative_values adds the a^V terms to the values too (no gain in
-    # their ablation, so off by default).
+    # 'relative': distances beyond +-relative_clip share one vector (Shaw et al. use 16; every
+    # clip >= 2 gave about the same BLEU in their ablation). relative_values adds the a^V terms
+    # to the values too: keys alone matched keys and values there, so off by default.
     model.relative_clip = 16
     model.relative_values = False
     # Each head's query and key size d_k; 0: d_model // num_heads (the paper). The values keep

@@ -194,7 +194,7 @@ def _validate_attention_sizes(config: ml_collections.ConfigDict) -> None:
     clip = _get(config, "model.relative_clip")
     if not _is_int(clip) or clip < 1:
         raise UserInputError(
-            f"config.model.relative_clip is {clip!r}; it must be a distance >= 1 (Shaw et al. use 2 to 16)."
+            f"config.model.relative_clip is {clip!r}; it must be a distance >= 1 (Shaw et al. use 16)."
         )
     if not isinstance(_get(config, "model.relative_values"), bool):
         raise UserInputError(
