@@ -120,9 +120,22 @@ def get_config() -> ml_collections.ConfigDict:
     model.num_decoder_layers = -1  # -1: use num_layers.
     model.dropout_rate = 0.1
     model.attention_dropout_rate = 0.0
-    model.positional_encoding = "sinusoidal"  # 'sinusoidal' or 'learned'.
+    # 'sinusoidal' (the paper) or 'learned': added to the embeddings. 'relative' (Shaw et al.,
+    # 2018): learned vectors of the clipped distance j - i added to the keys (and values) of
+    # every self-attention. 'rotary' (RoPE, Su et al., 2021): self-attention's queries and
+    # keys rotated by position-dependent angles. Cross-attention never sees positions.
+    model.positional_encoding = "sinusoidal"
+    # 'relative': distances beyond +-relative_clip share one vector (Shaw et al. use 16; every
+    # clip >= 2 gave about the same BLEU in their ablation). relative_values adds the a^V terms
+    # to the values too: keys alone matched keys and values there, so off by default.
+    model.relative_clip = 16
+    model.relative_values = False
+    # Each head's query and key size d_k; 0: d_model // num_heads (the paper). The values keep
+    # d_v = d_model // num_heads (Table 3 row B shrinks d_k alone).
+    model.key_dim = 0
     # Positions the model can encode: at least dataset.max_length and
-    # eval.max_decode_length (the size of the learned table).
+    # eval.max_decode_length (the size of the learned table; 'relative' and 'rotary'
+    # have no such limit but keep the bound).
     model.max_len = 512
     model.norm_placement = "post"  # 'post' (the paper) or 'pre'.
     model.tie_embeddings = True  # Source/target embeddings and output layer.

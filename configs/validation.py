@@ -13,7 +13,7 @@ from models.build import make_model
 from models.decoding import decode_length, decoding_memory_bytes
 
 _CHOICES = {
-    "model.positional_encoding": ("sinusoidal", "learned"),
+    "model.positional_encoding": ("sinusoidal", "learned", "relative", "rotary"),
     "model.norm_placement": ("post", "pre"),
     "model.dtype": ("float32", "bfloat16"),
     "model.attention_implementation": ("auto", "explicit", "xla", "cudnn"),
@@ -67,6 +67,9 @@ _DEFAULTS = {
     "dataset.packing": True,
     "dataset.num_workers": 0,
     "model.attention_implementation": "auto",
+    "model.key_dim": 0,
+    "model.relative_clip": 16,
+    "model.relative_values": False,
 }
 
 
@@ -100,6 +103,7 @@ def validate_config(config: ml_collections.ConfigDict, num_devices: int | None =
             f"config.model.num_heads ({model.num_heads}); pick a head count that "
             "divides it."
         )
+    _validate_attention_sizes(config)
     for field in ("num_encoder_layers", "num_decoder_layers"):
         if model[field] == 0 or model[field] < -1:
             raise UserInputError(
@@ -182,6 +186,35 @@ def validate_config(config: ml_collections.ConfigDict, num_devices: int | None =
         _validate_decoding_memory(config)
 
 
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _validate_attention_sizes(config: ml_collections.ConfigDict) -> None:
+    """model.key_dim, and the relative and rotary positions' fields (model.d_model % num_heads is checked)."""
+    key_dim = _get(config, "model.key_dim")
+    if not _is_int(key_dim) or key_dim < 0:
+        raise UserInputError(
+            f"config.model.key_dim is {key_dim!r}; it must be a per-head query/key size >= 1, "
+            "or 0 for d_model // num_heads."
+        )
+    clip = _get(config, "model.relative_clip")
+    if not _is_int(clip) or clip < 1:
+        raise UserInputError(
+            f"config.model.relative_clip is {clip!r}; it must be a distance >= 1 (Shaw et al. use 16)."
+        )
+    if not isinstance(_get(config, "model.relative_values"), bool):
+        raise UserInputError(
+            f"config.model.relative_values is {_get(config, 'model.relative_values')!r}; it must be True or False."
+        )
+    d_k = key_dim or config.model.d_model // config.model.num_heads
+    if config.model.positional_encoding == "rotary" and d_k % 2:
+        raise UserInputError(
+            f"config.model.positional_encoding='rotary' rotates pairs of query/key dimensions, but each head has "
+            f"{d_k} (config.model.key_dim, or d_model // num_heads); make it even."
+        )
+
+
 def _validate_decoding(eval_config: ml_collections.ConfigDict) -> None:
     if eval_config.length_penalty < 0:
         raise UserInputError(
@@ -220,6 +253,20 @@ def _validate_mesh(config: ml_collections.ConfigDict, num_devices: int) -> None:
             raise UserInputError(
                 f"config.{field} ({_get(config, field)}) is not divisible by {parts}, the size of mesh axes "
                 f"{mesh_axes} that config.mesh.rules split {logical_axis!r} over; change the model or the mesh "
+                f"({', '.join(f'{a}={n}' for a, n in shape.items())})."
+            )
+    # 'kv' names both head sizes: d_k (queries, keys) and d_v (values).
+    kv_parts = int(np.prod([shape[axis] for axis in mesh_axes_of("kv", rules)]))
+    d_v = config.model.d_model // config.model.num_heads
+    head_sizes = {
+        "query/key size d_k (config.model.key_dim, or d_model // num_heads)": _get(config, "model.key_dim") or d_v,
+        "value size d_v (config.model.d_model // num_heads)": d_v,
+    }
+    for name, size in head_sizes.items():
+        if size % kv_parts:
+            raise UserInputError(
+                f"Each head's {name} is {size}, not divisible by {kv_parts}, the size of mesh axes "
+                f"{mesh_axes_of('kv', rules)} that config.mesh.rules split 'kv' over; change the model or the mesh "
                 f"({', '.join(f'{a}={n}' for a, n in shape.items())})."
             )
     if config.step_compilation == "pmap" and (shape["fsdp"] > 1 or shape["tensor"] > 1):

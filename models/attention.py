@@ -1,7 +1,11 @@
 """Scaled dot-product and multi-head attention (Vaswani et al., 2017, section 3.2).
 
 Shape letters: b = batch, q = query length, k = key/value length, h = heads,
-d = head_dim (d_k = d_v = d_model // num_heads).
+d = head_dim (d_v = d_model // num_heads; d_k the same unless key_dim says otherwise).
+
+Self-attention may see positions itself (models/positions.py): rotary positions rotate
+its queries and keys, relative positions add learned terms of the clipped distance to
+its logits (and values).
 """
 
 import functools
@@ -11,6 +15,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from models.positions import RelativePositions, RelativeTerms, relative_logits, relative_values, rotate
 from models.precision import float32_accumulating_dot_general, float32_accumulating_einsum
 
 Array = jax.Array
@@ -79,13 +84,17 @@ def dot_product_attention(
     dropout_rate: float = 0.0,
     deterministic: bool = True,
     dtype: Dtype = jnp.float32,
+    relative: RelativeTerms | None = None,
 ) -> tuple[Array, Array]:
     """Attention(Q, K, V) = softmax(Q K^T / sqrt(d_k)) V, independently per head.
 
+    With `relative`, Shaw et al.'s: e_ij = q_i . (k_j + a^K_ij) / sqrt(d_k) and
+    z_i = sum_j alpha_ij (v_j + a^V_ij).
+
     Args:
-        query: [batch, q_len, heads, head_dim].
-        key: [batch, kv_len, heads, head_dim].
-        value: [batch, kv_len, heads, head_dim].
+        query: [batch, q_len, heads, d_k].
+        key: [batch, kv_len, heads, d_k].
+        value: [batch, kv_len, heads, d_v].
         mask: bool, broadcastable to [batch, heads, q_len, kv_len]; True = attend.
             None attends everywhere.
         dropout_rng: PRNG key for dropout on the attention weights; needed only when
@@ -93,9 +102,10 @@ def dot_product_attention(
         dropout_rate: probability of dropping an attention weight.
         deterministic: disables dropout.
         dtype: matmul operand dtype; the logits, softmax and output are float32.
+        relative: relative position tables and distances (models/positions.py), or None.
 
     Returns:
-        output: [batch, q_len, heads, head_dim] float32.
+        output: [batch, q_len, heads, d_v] float32.
         weights: [batch, heads, q_len, kv_len] float32 attention probabilities
             (before dropout), each row summing to 1.
     """
@@ -103,6 +113,8 @@ def dot_product_attention(
     # Scaling the queries is cheaper than scaling the [q_len, kv_len] logits.
     query = query / jnp.sqrt(jnp.float32(head_dim))
     logits = float32_accumulating_einsum('bqhd,bkhd->bhqk', query, key, dtype=dtype)
+    if relative is not None:
+        logits = logits + relative_logits(query, relative.key_table, relative.distances, dtype=dtype)
     if mask is not None:
         logits = jnp.where(mask, logits, MASK_VALUE)
     weights = jax.nn.softmax(logits, axis=-1)
@@ -113,6 +125,8 @@ def dot_product_attention(
         attended_weights = jnp.where(keep, weights / (1.0 - dropout_rate), 0.0)
 
     output = float32_accumulating_einsum('bhqk,bkhd->bqhd', attended_weights, value, dtype=dtype)
+    if relative is not None and relative.value_table is not None:
+        output = output + relative_values(attended_weights, relative.value_table, relative.distances, dtype=dtype)
     return output, weights
 
 
@@ -148,9 +162,9 @@ def fused_dot_product_attention(
 class MultiHeadAttention(nn.Module):
     """MultiHead(Q, K, V) = Concat(head_1, ..., head_h) W^O, head_i = Attention(Q W_i^Q, K W_i^K, V W_i^V).
 
-    The per-head projections W_i^{Q,K,V} [d_model, head_dim] are stored stacked as one
-    [d_model, heads, head_dim] kernel each; the concatenation followed by W^O is a
-    single contraction over (heads, head_dim). As in the paper, projections have no bias.
+    The per-head projections W_i^{Q,K} [d_model, d_k] and W_i^V [d_model, d_v] are stored
+    stacked as one [d_model, heads, d_k or d_v] kernel each; the concatenation followed by
+    W^O is a single contraction over (heads, d_v). As in the paper, projections have no bias.
 
     `__call__` is `project_key_value` followed by `attend`; incremental decoding calls
     the two separately so that keys and values are computed once and cached.
@@ -159,14 +173,24 @@ class MultiHeadAttention(nn.Module):
     'attention_weights' [batch, heads, q_len, kv_len]; retrieve them with
     `model.apply(..., mutable=['intermediates'])`.
 
+    With `positions` 'rotary' or 'relative', the methods take the positions of the
+    queries and keys ([batch, length] int, each token's position within its own
+    sequence): keys are rotated as they are projected (so a cache holds rotated keys),
+    queries as they attend.
+
     Attributes:
         num_heads: h; d_model must be divisible by it.
         d_model: width of the inputs and the output.
         dropout_rate: dropout on the attention weights.
         dtype: matmul operand dtype (outputs are float32).
         implementation: one of ATTENTION_IMPLEMENTATIONS. 'xla' and 'cudnn' apply where
-            no attention weight is needed: the explicit formula still runs for attention
-            dropout and when the weights are collected (attention maps).
+            no attention weight is needed and d_k = d_v without relative positions: the
+            explicit formula still runs for attention dropout, relative positions, a
+            smaller key size, and when the weights are collected (attention maps).
+        key_dim: d_k of each head's queries and keys; 0: d_v = d_model // num_heads.
+        positions: None (the attention sees no positions), 'rotary' or 'relative'.
+        relative_clip: the largest relative distance told apart ('relative').
+        relative_values: also add relative terms to the values ('relative').
     """
 
     num_heads: int
@@ -174,19 +198,28 @@ class MultiHeadAttention(nn.Module):
     dropout_rate: float = 0.0
     dtype: Dtype = jnp.float32
     implementation: str = 'explicit'
+    key_dim: int = 0
+    positions: str | None = None
+    relative_clip: int = 16
+    relative_values: bool = False
 
     def setup(self):
+        value_dim = self.d_model // self.num_heads
+        key_dim = self.key_dim or value_dim
         project_to_heads = functools.partial(
             nn.DenseGeneral,
-            features=(self.num_heads, self.d_model // self.num_heads),
             use_bias=False,
             dtype=self.dtype,
             dot_general=float32_accumulating_dot_general,
             kernel_init=nn.with_logical_partitioning(nn.initializers.xavier_uniform(), ('embed', 'heads', 'kv')),
         )
-        self.query = project_to_heads()
-        self.key = project_to_heads()
-        self.value = project_to_heads()
+        self.query = project_to_heads((self.num_heads, key_dim))
+        self.key = project_to_heads((self.num_heads, key_dim))
+        self.value = project_to_heads((self.num_heads, value_dim))
+        if self.positions == 'relative':
+            self.relative_positions = RelativePositions(
+                self.relative_clip, key_dim, value_dim if self.relative_values else 0
+            )
         self.output = nn.DenseGeneral(
             features=self.d_model,
             axis=(-2, -1),
@@ -196,9 +229,15 @@ class MultiHeadAttention(nn.Module):
             kernel_init=nn.with_logical_partitioning(nn.initializers.xavier_uniform(), ('heads', 'kv', 'embed')),
         )
 
-    def project_key_value(self, inputs_kv: Array) -> tuple[Array, Array]:
-        """Per-head keys and values, each [batch, kv_len, heads, head_dim], of [batch, kv_len, d_model]."""
-        return self.key(inputs_kv), self.value(inputs_kv)
+    def project_key_value(self, inputs_kv: Array, key_positions: Array | None = None) -> tuple[Array, Array]:
+        """Per-head keys [batch, kv_len, heads, d_k] and values [batch, kv_len, heads, d_v] of [batch, kv_len, d_model].
+
+        `key_positions` [batch, kv_len] int: needed with rotary positions, which rotate the keys.
+        """
+        key = self.key(inputs_kv)
+        if self.positions == 'rotary':
+            key = rotate(key, key_positions)
+        return key, self.value(inputs_kv)
 
     def attend(
         self,
@@ -208,29 +247,46 @@ class MultiHeadAttention(nn.Module):
         mask: Array | None,
         *,
         deterministic: bool,
+        query_positions: Array | None = None,
+        key_positions: Array | None = None,
         implementation: str | None = None,
     ) -> Array:
         """Attends from `inputs_q` [batch, q_len, d_model] to projected keys and values.
 
         Args:
             inputs_q: [batch, q_len, d_model].
-            key, value: [batch, kv_len, heads, head_dim] from `project_key_value`.
+            key: [batch, kv_len, heads, d_k] and value: [batch, kv_len, heads, d_v] from `project_key_value`.
             mask: bool, broadcastable to [batch, heads, q_len, kv_len]; True = attend.
             deterministic: disables attention dropout.
+            query_positions: [batch, q_len] int; needed with rotary and relative positions.
+            key_positions: [batch, kv_len] int; needed with relative positions.
             implementation: overrides `self.implementation` for this call.
 
         Returns:
             [batch, q_len, d_model] float32.
         """
+        query = self.query(inputs_q)
+        if self.positions == 'rotary':
+            query = rotate(query, query_positions)
         implementation = implementation or self.implementation
         dropout = not deterministic and self.dropout_rate > 0.0
-        if implementation != 'explicit' and not dropout and not self.is_mutable_collection('intermediates'):
+        fused = (
+            implementation != 'explicit'
+            and not dropout
+            and self.positions != 'relative'
+            and query.shape[-1] == value.shape[-1]
+            and not self.is_mutable_collection('intermediates')
+        )
+        if fused:
             heads = fused_dot_product_attention(
-                self.query(inputs_q), key, value, mask, implementation=implementation, dtype=self.dtype
+                query, key, value, mask, implementation=implementation, dtype=self.dtype
             )
             return self.output(heads)
+        relative = None
+        if self.positions == 'relative':
+            relative = self.relative_positions(query_positions, key_positions)
         heads, weights = dot_product_attention(
-            self.query(inputs_q),
+            query,
             key,
             value,
             mask,
@@ -238,14 +294,33 @@ class MultiHeadAttention(nn.Module):
             dropout_rate=self.dropout_rate,
             deterministic=deterministic,
             dtype=self.dtype,
+            relative=relative,
         )
         self.sow('intermediates', 'attention_weights', weights)
         return self.output(heads)
 
-    def __call__(self, inputs_q: Array, inputs_kv: Array, mask: Array | None, *, deterministic: bool) -> Array:
+    def __call__(
+        self,
+        inputs_q: Array,
+        inputs_kv: Array,
+        mask: Array | None,
+        *,
+        deterministic: bool,
+        query_positions: Array | None = None,
+        key_positions: Array | None = None,
+    ) -> Array:
         """Attends from `inputs_q` [batch, q_len, d_model] to `inputs_kv` [batch, kv_len, d_model].
 
+        `query_positions` [batch, q_len] and `key_positions` [batch, kv_len] int: needed with positions.
         Returns [batch, q_len, d_model] float32.
         """
-        key, value = self.project_key_value(inputs_kv)
-        return self.attend(inputs_q, key, value, mask, deterministic=deterministic)
+        key, value = self.project_key_value(inputs_kv, key_positions)
+        return self.attend(
+            inputs_q,
+            key,
+            value,
+            mask,
+            deterministic=deterministic,
+            query_positions=query_positions,
+            key_positions=key_positions,
+        )

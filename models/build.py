@@ -54,6 +54,10 @@ def make_model(config: ml_collections.ConfigDict, vocab_size: int, num_classes: 
         norm_placement=model.norm_placement,
         tie_embeddings=model.tie_embeddings,
         dtype=model.dtype,
+        # Configs (and workdirs' config.json) written before these fields existed lack them.
+        key_dim=model.get("key_dim", 0),
+        relative_clip=model.get("relative_clip", 16),
+        relative_values=model.get("relative_values", False),
         pad_id=PAD_ID,
         bos_id=BOS_ID,
         attention_implementation=attention_implementation(

@@ -443,18 +443,19 @@ def decoding_memory_bytes(
     Counts only arrays that every step of the cached decoders keeps alive
     together, for rows = batch_size * beam_size hypotheses:
       - the self-attention keys and values of every decoder layer,
-        [rows, max_length, d_model] each in the compute dtype; twice with beam
-        search, whose reordering by beam (`_gather_beams`) writes a new copy
-        while the old one is read;
-      - the cross-attention keys and values, [rows, source_length, d_model]
-        each per layer (computed once, repeated for every beam);
+        [rows, max_length, heads * d_k] and [rows, max_length, d_model] in the
+        compute dtype; twice with beam search, whose reordering by beam
+        (`_gather_beams`) writes a new copy while the old one is read;
+      - the cross-attention keys and values, [rows, source_length, heads * d_k]
+        and [rows, source_length, d_model] per layer (computed once, repeated
+        for every beam);
       - the next-token logits, [rows, vocab_size] float32.
     Activations, parameters and XLA's temporaries come on top: decoding that
     needs more than this cannot run.
     """
     rows = batch_size * beam_size
     itemsize = jnp.dtype(config.dtype).itemsize
-    per_layer = rows * config.d_model * itemsize * 2  # Keys and values.
+    per_layer = rows * (config.num_heads * config.d_k + config.d_model) * itemsize  # Keys and values.
     self_cache = per_layer * max_length * config.num_decoder_layers * (2 if beam_size > 1 else 1)
     cross_cache = per_layer * source_length * config.num_decoder_layers
     logits = rows * config.vocab_size * 4

@@ -11,6 +11,14 @@ segment). With them, every attention stays inside its pair, the decoder input re
 with bos in each segment, and the positional encodings use the given positions, so each
 pair's logits are those it would get in a row of its own. Without them a row is one pair.
 
+Positions: 'sinusoidal' and 'learned' encodings are added to the embeddings (section
+3.5); 'rotary' and 'relative' act inside every self-attention instead (models/positions.py),
+on the queries' and keys' positions: the encoder's and the decoder's own. Cross-attention
+sees no positions there: a target position and a source position are in different
+sequences, whose distance (j - i) means nothing (Shaw et al. use relative positions in
+self-attention only); the queries still carry their position through the decoder's
+self-attention layers.
+
 Precision: parameters, the residual stream, LayerNorm, softmax and logits are float32;
 with dtype='bfloat16' only the matmul operands are bfloat16 (accumulated in float32).
 """
@@ -29,9 +37,10 @@ from models.embeddings import PositionalEncoding, TokenEmbedding
 from models.precision import float32_accumulating_dot_general
 
 Array = jax.Array
-# Per decoder layer: 'self_key', 'self_value' [batch, max_length, heads, head_dim]
-# (filled up to the current position) and 'cross_key', 'cross_value'
-# [batch, src_len, heads, head_dim] (computed once from the encoder output).
+# Per decoder layer: 'self_key' [batch, max_length, heads, d_k] (rotated, with rotary
+# positions), 'self_value' [batch, max_length, heads, d_v] (filled up to the current
+# position) and 'cross_key', 'cross_value' [batch, src_len, heads, d_k or d_v] (computed
+# once from the encoder output).
 LayerCache = dict[str, Array]
 DecoderCache = dict[str, LayerCache]  # 'layers_{i}' -> LayerCache
 
@@ -53,16 +62,34 @@ class TransformerConfig:
     num_decoder_layers: int
     dropout_rate: float  # On the embedding sums and every sub-layer output.
     attention_dropout_rate: float  # On the attention weights.
-    positional_encoding: str  # 'sinusoidal' | 'learned'.
+    positional_encoding: str  # 'sinusoidal' | 'learned' (added to embeddings) | 'rotary' | 'relative' (in attention).
     max_len: int  # Size of the positions table: the longest source or target.
     norm_placement: str  # 'post' (paper): LN(x + sublayer(x)); 'pre': x + sublayer(LN(x)).
     tie_embeddings: bool  # One matrix for source and target embeddings and the output projection.
     dtype: str  # Matmul compute dtype, 'float32' | 'bfloat16'. Params are always float32.
+    key_dim: int = 0  # d_k of each head's queries and keys; 0: d_model // num_heads, as d_v always is.
+    relative_clip: int = 16  # 'relative': distances beyond this share one learned vector.
+    relative_values: bool = False  # 'relative': relative terms in the values too, not only the keys.
     pad_id: int = 0
     bos_id: int = 2
     # models.attention.ATTENTION_IMPLEMENTATIONS: 'explicit', or jax.nn.dot_product_attention's
     # 'xla' / 'cudnn' where no attention weight is needed (see MultiHeadAttention).
     attention_implementation: str = 'explicit'
+
+    @property
+    def d_v(self) -> int:
+        """Each head's value size: d_model / h."""
+        return self.d_model // self.num_heads
+
+    @property
+    def d_k(self) -> int:
+        """Each head's query and key size."""
+        return self.key_dim or self.d_v
+
+    @property
+    def attention_positions(self) -> str | None:
+        """What self-attention does with positions: 'rotary', 'relative', or None (added to the embeddings)."""
+        return self.positional_encoding if self.positional_encoding in ('rotary', 'relative') else None
 
 
 def shift_right(targets: Array, bos_id: int) -> Array:
@@ -144,14 +171,23 @@ class FeedForward(nn.Module):
         return output(nn.relu(hidden(x)))
 
 
-def _multi_head_attention(config: TransformerConfig) -> MultiHeadAttention:
+def _multi_head_attention(config: TransformerConfig, *, self_attention: bool) -> MultiHeadAttention:
     return MultiHeadAttention(
         config.num_heads,
         config.d_model,
         config.attention_dropout_rate,
         jnp.dtype(config.dtype),
-        config.attention_implementation,
+        implementation=config.attention_implementation,
+        key_dim=config.d_k,
+        positions=config.attention_positions if self_attention else None,
+        relative_clip=config.relative_clip,
+        relative_values=config.relative_values,
     )
+
+
+def _positions_or_range(positions: Array | None, length: int) -> Array:
+    """`positions` [batch, length] of packed rows, or 0 .. length - 1 as [1, length] for one sequence a row."""
+    return jnp.arange(length, dtype=jnp.int32)[None] if positions is None else positions
 
 
 def _layer_norm(name: str | None = None) -> nn.LayerNorm:
@@ -173,14 +209,15 @@ class EncoderLayer(nn.Module):
     def setup(self):
         config = self.config
         dtype = jnp.dtype(config.dtype)
-        self.self_attention = _multi_head_attention(config)
+        self.self_attention = _multi_head_attention(config, self_attention=True)
         self.self_attention_norm = _layer_norm('self_attention_norm')
         self.feed_forward = FeedForward(config.d_ff, dtype)
         self.feed_forward_norm = _layer_norm('feed_forward_norm')
         self.dropout = nn.Dropout(config.dropout_rate)
 
-    def __call__(self, x: Array, mask: Array, *, deterministic: bool) -> Array:
-        """x: [batch, src_len, d_model]; mask: [batch, 1, src_len, src_len] source padding mask."""
+    def __call__(self, x: Array, mask: Array, positions: Array, *, deterministic: bool) -> Array:
+        """x: [batch, src_len, d_model]; mask: [batch, 1, src_len, src_len] source padding mask;
+        positions: [batch or 1, src_len] int, for rotary and relative positions."""
         residual = functools.partial(
             add_residual,
             dropout=self.dropout,
@@ -189,7 +226,9 @@ class EncoderLayer(nn.Module):
         )
         x = residual(
             x,
-            lambda h: self.self_attention(h, h, mask, deterministic=deterministic),
+            lambda h: self.self_attention(
+                h, h, mask, deterministic=deterministic, query_positions=positions, key_positions=positions
+            ),
             self.self_attention_norm,
         )
         return residual(x, self.feed_forward, self.feed_forward_norm)
@@ -203,9 +242,9 @@ class DecoderLayer(nn.Module):
     def setup(self):
         config = self.config
         dtype = jnp.dtype(config.dtype)
-        self.self_attention = _multi_head_attention(config)
+        self.self_attention = _multi_head_attention(config, self_attention=True)
         self.self_attention_norm = _layer_norm('self_attention_norm')
-        self.cross_attention = _multi_head_attention(config)
+        self.cross_attention = _multi_head_attention(config, self_attention=False)
         self.cross_attention_norm = _layer_norm('cross_attention_norm')
         self.feed_forward = FeedForward(config.d_ff, dtype)
         self.feed_forward_norm = _layer_norm('feed_forward_norm')
@@ -236,6 +275,7 @@ class DecoderLayer(nn.Module):
         encoded: Array,
         self_attention_mask: Array,
         cross_attention_mask: Array,
+        positions: Array,
         *,
         deterministic: bool,
     ) -> Array:
@@ -247,26 +287,32 @@ class DecoderLayer(nn.Module):
                 cross-attention).
             self_attention_mask: broadcastable to [batch, 1, tgt_len, tgt_len].
             cross_attention_mask: broadcastable to [batch, 1, tgt_len, src_len].
+            positions: [batch or 1, tgt_len] int, for rotary and relative positions.
             deterministic: disables dropout.
         """
         return self._sublayers(
             x,
-            lambda h: self.self_attention(h, h, self_attention_mask, deterministic=deterministic),
+            lambda h: self.self_attention(
+                h,
+                h,
+                self_attention_mask,
+                deterministic=deterministic,
+                query_positions=positions,
+                key_positions=positions,
+            ),
             lambda h: self.cross_attention(h, encoded, cross_attention_mask, deterministic=deterministic),
             deterministic=deterministic,
         )
 
     def init_cache(self, encoded: Array, max_length: int) -> LayerCache:
         """The cache before the first step: cross-attention keys/values of `encoded`, empty self-attention slots."""
-        batch_size = encoded.shape[0]
-        head_dim = self.config.d_model // self.config.num_heads
+        config = self.config
         # Stored in the compute dtype: attention casts keys and values to it anyway.
-        dtype = jnp.dtype(self.config.dtype)
-        empty = jnp.zeros((batch_size, max_length, self.config.num_heads, head_dim), dtype)
+        dtype = jnp.dtype(config.dtype)
         cross_key, cross_value = self.cross_attention.project_key_value(encoded)
         return {
-            'self_key': empty,
-            'self_value': empty,
+            'self_key': jnp.zeros((encoded.shape[0], max_length, config.num_heads, config.d_k), dtype),
+            'self_value': jnp.zeros((encoded.shape[0], max_length, config.num_heads, config.d_v), dtype),
             'cross_key': cross_key.astype(dtype),
             'cross_value': cross_value.astype(dtype),
         }
@@ -287,9 +333,12 @@ class DecoderLayer(nn.Module):
             self-attention key and value written in.
         """
         new_cache = dict(cache)
+        # This step's query and its new key sit at `position`; the cache's slots hold 0 .. max_length - 1.
+        query_positions = jnp.full((1, 1), position, jnp.int32)
+        key_positions = jnp.arange(cache['self_key'].shape[1], dtype=jnp.int32)[None]
 
         def self_attend(h: Array) -> Array:
-            key, value = self.self_attention.project_key_value(h)  # [batch, 1, heads, head_dim]
+            key, value = self.self_attention.project_key_value(h, query_positions)  # [batch, 1, heads, d_k or d_v]
             for name, new in (('self_key', key), ('self_value', value)):
                 new_cache[name] = lax.dynamic_update_slice_in_dim(
                     cache[name], new.astype(cache[name].dtype), position, axis=1
@@ -303,6 +352,8 @@ class DecoderLayer(nn.Module):
                 new_cache['self_value'],
                 visible[None, None, None, :],
                 deterministic=True,
+                query_positions=query_positions,
+                key_positions=key_positions,
                 implementation='explicit',
             )
 
@@ -350,9 +401,10 @@ class Encoder(nn.Module):
         config = self.config
         _check_packing(segment_ids=segment_ids, positions=positions)
         x = self.token_embedding(inputs)
-        x = PositionalEncoding(config.positional_encoding, config.max_len, name='position_embedding')(
-            x, positions=positions
-        )
+        if config.attention_positions is None:
+            x = PositionalEncoding(config.positional_encoding, config.max_len, name='position_embedding')(
+                x, positions=positions
+            )
         x = nn.Dropout(config.dropout_rate)(x, deterministic=deterministic)
 
         if segment_ids is None:
@@ -360,8 +412,9 @@ class Encoder(nn.Module):
             mask = padding_mask(source_valid, source_valid)
         else:
             mask = segment_mask(segment_ids, segment_ids)
+        positions = _positions_or_range(positions, inputs.shape[1])
         for i in range(config.num_encoder_layers):
-            x = EncoderLayer(config, name=f'layers_{i}')(x, mask, deterministic=deterministic)
+            x = EncoderLayer(config, name=f'layers_{i}')(x, mask, positions, deterministic=deterministic)
         if config.norm_placement == 'pre':
             x = _layer_norm('final_norm')(x)
         return x
@@ -383,7 +436,8 @@ class Decoder(nn.Module):
 
     def setup(self):
         config = self.config
-        self.position_embedding = PositionalEncoding(config.positional_encoding, config.max_len)
+        if config.attention_positions is None:
+            self.position_embedding = PositionalEncoding(config.positional_encoding, config.max_len)
         self.dropout = nn.Dropout(config.dropout_rate)
         self.layers = [DecoderLayer(config) for _ in range(config.num_decoder_layers)]
         if config.norm_placement == 'pre':
@@ -392,7 +446,9 @@ class Decoder(nn.Module):
     def _embed(
         self, ids: Array, *, offset: Array | int = 0, positions: Array | None = None, deterministic: bool
     ) -> Array:
-        x = self.position_embedding(self.token_embedding(ids), offset=offset, positions=positions)
+        x = self.token_embedding(ids)
+        if self.config.attention_positions is None:
+            x = self.position_embedding(x, offset=offset, positions=positions)
         return self.dropout(x, deterministic=deterministic)
 
     def _final(self, x: Array) -> Array:
@@ -444,8 +500,9 @@ class Decoder(nn.Module):
         else:
             self_attention_mask = causal_mask(length) & segment_mask(targets_segment_ids, targets_segment_ids)
             cross_attention_mask = segment_mask(targets_segment_ids, inputs_segment_ids)
+        positions = _positions_or_range(targets_positions, length)
         for layer in self.layers:
-            x = layer(x, encoded, self_attention_mask, cross_attention_mask, deterministic=deterministic)
+            x = layer(x, encoded, self_attention_mask, cross_attention_mask, positions, deterministic=deterministic)
         return self._final(x)
 
     def init_cache(self, encoded: Array, max_length: int) -> DecoderCache:

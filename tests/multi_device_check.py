@@ -4,6 +4,7 @@
       python tests/multi_device_check.py layouts
   ... python tests/multi_device_check.py checkpoint <empty directory>
   ... python tests/multi_device_check.py classifier
+  ... python tests/multi_device_check.py positions
 
 `layouts` trains a small model for 5 steps on the same batches in every layout
 (one device; pmap over 8; jit over 8 data, 4 data x 2 FSDP, 2 data x 4 tensor,
@@ -14,6 +15,9 @@ the sharded parameters match the one-device results. `checkpoint` saves under
 8-way data parallelism and restores onto 4 data x 2 FSDP and 2 data x 4 tensor.
 `classifier` trains the encoder classifier (config.task='classification') in the
 layouts and checks its losses and class probabilities against one device.
+`positions` trains with relative positions (their tables, relative values and a
+smaller key size) and with rotary positions on 2 data x 2 FSDP x 2 tensor, checking
+losses, parameters and greedy decoding against one device.
 Exits non-zero (an AssertionError) on any mismatch.
 """
 
@@ -52,7 +56,7 @@ LAYOUTS = {
 NUM_CLASSES = 6
 
 
-def _config(data: int, fsdp: int, tensor: int, task: str = "translation") -> ml_collections.ConfigDict:
+def _config(data: int, fsdp: int, tensor: int, task: str = "translation", **model_fields) -> ml_collections.ConfigDict:
     config = default.get_config()
     config.task = task
     config.dataset.max_length = config.eval.max_decode_length = 16
@@ -67,6 +71,7 @@ def _config(data: int, fsdp: int, tensor: int, task: str = "translation") -> ml_
         tie_embeddings=False,
         positional_encoding="learned",
     )
+    config.model.update(model_fields)  # Overrides of the fields above.
     config.optimizer.update(peak_learning_rate=3e-3, warmup_steps=2)
     config.mesh.update(data=data, fsdp=fsdp, tensor=tensor)
     return config
@@ -97,16 +102,16 @@ def _batches(num_batches: int, batch_size: int = 16, length: int = 12, task: str
     return batches
 
 
-def _setup(data, fsdp, tensor, devices, task="translation"):
-    config = _config(data, fsdp, tensor, task)
+def _setup(data, fsdp, tensor, devices, task="translation", **model_fields):
+    config = _config(data, fsdp, tensor, task, **model_fields)
     mesh = sharding.make_mesh(config.mesh, jax.devices()[:devices])
     model = make_model(config, vocab_size=32, num_classes=NUM_CLASSES)
     tx, schedule = make_optimizer(config.optimizer)
     return config, mesh, model, tx, schedule
 
 
-def _train(compilation, data, fsdp, tensor, micro_batches, devices, batches, task="translation"):
-    config, mesh, model, tx, schedule = _setup(data, fsdp, tensor, devices, task)
+def _train(compilation, data, fsdp, tensor, micro_batches, devices, batches, task="translation", **model_fields):
+    config, mesh, model, tx, schedule = _setup(data, fsdp, tensor, devices, task, **model_fields)
     shardings = loop.state_shardings(config, model, tx, mesh)
     state = loop.initial_state(config, model, tx, shardings)
     train_step = compile_train_step(
@@ -213,6 +218,42 @@ def check_classifier() -> None:
     print("classifier: ok")
 
 
+def check_positions() -> None:
+    """Relative and rotary positions: their parameters shard (or replicate) and train as on one device."""
+    assert len(jax.devices()) == 8, jax.devices()
+    batches = _batches(NUM_STEPS)
+    kinds = {
+        "relative": dict(positional_encoding="relative", relative_clip=3, relative_values=True, key_dim=4),
+        "rotary": dict(positional_encoding="rotary"),
+    }
+    names = ["1 device", "jit 2 data x 2 fsdp x 2 tensor"]
+    for kind, model_fields in kinds.items():
+        results = {name: _train(*LAYOUTS[name], batches, **model_fields) for name in names}
+        reference_losses, reference_state, (config, mesh, model) = results["1 device"]
+        reference_params = jax.device_get(reference_state.params)
+        _, reference_tokens = _evaluate(reference_state.params, config, mesh, model, batches[0])
+        for name, (losses, state, (config, mesh, model)) in results.items():
+            loss_diff = float(np.max(np.abs(np.asarray(losses) / reference_losses - 1)))
+            param_diff = max(
+                jax.tree.leaves(
+                    jax.tree.map(
+                        lambda a, b: float(np.max(np.abs(a - b))), jax.device_get(state.params), reference_params
+                    )
+                )
+            )
+            print(f"{kind}, {name:<38}" + "".join(f"{loss:>11.6f}" for loss in losses) + f"  {loss_diff:>9.1e}")
+            _assert(loss_diff <= LOSS_RTOL and param_diff <= PARAM_ATOL, (kind, name, loss_diff, param_diff))
+            _, tokens = _evaluate(state.params, config, mesh, model, batches[0])
+            _assert(np.array_equal(tokens, reference_tokens), (kind, name, "greedy decoding differs"))
+        if kind == "relative":  # The tables [2 * clip + 1, d_k or d_v] are replicated ('kv' maps to None).
+            attention = results[names[-1]][1].params["encoder"]["layers_0"]["self_attention"]
+            for table in attention["relative_positions"].values():
+                _assert(table.sharding.shard_shape(table.shape) == table.shape, table.sharding)
+            query = attention["query"]["kernel"]  # [d_model, heads, d_k]: d_model over 'fsdp', heads over 'tensor'.
+            _assert(query.sharding.shard_shape(query.shape) == (16, 2, 4), query.sharding)
+    print("positions: ok")
+
+
 def check_checkpoint(directory: str) -> None:
     assert len(jax.devices()) == 8, jax.devices()
     batches = _batches(2)
@@ -245,5 +286,7 @@ if __name__ == "__main__":
         check_layouts()
     elif sys.argv[1] == "classifier":
         check_classifier()
+    elif sys.argv[1] == "positions":
+        check_positions()
     else:
         check_checkpoint(sys.argv[2])
