@@ -50,6 +50,9 @@ def get_config() -> ml_collections.ConfigDict:
     # JAX's persistent compilation cache: compiled steps are stored here and reused by later
     # runs and restarts (training/compilation_cache.py). '' turns it off.
     config.compilation_cache_dir = "~/.cache/aiayn/jax_compilation"
+    # Dense matmul peak of one device in FLOP/s, for the MFU in the training log (training/flops.py).
+    # 0: from the table of accelerators (H100, H200, A100, TPU v4/v5e/v5p), or measured on a CPU.
+    config.peak_flops_per_device = 0.0
 
     # The device mesh: data x fsdp x tensor must equal the number of devices;
     # one axis may be -1, taking the devices the others leave.

@@ -1,6 +1,7 @@
 """The training loop and checkpoint evaluation, as called by train.py, for any task (`training.tasks`)."""
 
 import contextlib
+import dataclasses
 import functools
 import math
 import time
@@ -13,7 +14,9 @@ from absl import logging
 from tqdm import tqdm
 
 from common.errors import TrainingStopped, UserInputError
-from training import divergence, preemption, sharding, tasks
+from models.classifier import Classifier
+from models.transformer import TransformerConfig
+from training import divergence, flops, preemption, sharding, tasks
 from training.checkpointing import Checkpointer, averaged_checkpoint_dir, save_params
 from training.inference import load_trained_model, save_config
 from training.metrics_writer import MetricWriter
@@ -82,9 +85,18 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
     train_step = configured_train_step(config, task.loss_fn(config, model), tx, learning_rate_fn, mesh, shardings)
     evaluator = task.evaluator(config, model, corpus, mesh)
     writers = {name: MetricWriter(workdir, name) for name in ("train", "valid")}
+    throughput = _Throughput.of(config, model)
     with contextlib.closing(train_batches):
         state = _train(
-            config, state, train_step, train_batches, evaluator, task.keep_best_metric, checkpointer, writers
+            config,
+            state,
+            train_step,
+            train_batches,
+            evaluator,
+            task.keep_best_metric,
+            checkpointer,
+            writers,
+            throughput,
         )
 
     scores = evaluator.evaluate(state.params, int(state.step), f"step {int(state.step)}", workdir)
@@ -103,6 +115,7 @@ def _train(
     keep_best_metric: str,
     checkpointer: Checkpointer,
     writers: dict[str, MetricWriter],
+    throughput: "_Throughput",
 ) -> TrainState:
     """Runs the steps from state.step to config.num_train_steps: logs, validates, saves, stops on a signal.
 
@@ -131,6 +144,7 @@ def _train(
             batch = train_step.place_batch(next(train_batches))
             step_state, metrics = train_step.run(step_state, batch, jax.random.fold_in(base_rng, step))
             guard.record(step, metrics["finite"])
+            metrics = {**metrics, "model_flops": throughput.step_flops(batch)}
             if "targets" in batch:  # The target positions of the global batch, real or padding.
                 metrics = {**metrics, "target_positions": batch["targets"].size}
             pending.append(metrics)
@@ -144,11 +158,13 @@ def _train(
             if log or evaluate or save:
                 guard.check()  # Where the loop waits for the device anyway; always before evaluating or saving.
             if log:
-                summary = _summarize(jax.device_get(pending), time.perf_counter() - interval_start)
+                summary = _summarize(jax.device_get(pending), time.perf_counter() - interval_start, throughput.peak)
                 writers["train"].write(step, summary)
                 if "loss" in summary:
                     progress.set_postfix(
-                        loss=f"{summary['loss']:.3f}", tok_s=f"{summary['target_tokens_per_second']:.0f}"
+                        loss=f"{summary['loss']:.3f}",
+                        tok_s=f"{summary['target_tokens_per_second']:.0f}",
+                        mfu=f"{summary['mfu']:.1%}",
                     )
                 pending, interval_start = [], time.perf_counter()
             if evaluate or save:
@@ -230,10 +246,38 @@ def _latest_checkpoint(checkpointer: Checkpointer) -> str | None:
     return None if step is None else f"step {step} in {checkpointer.directory}"
 
 
-def _summarize(metrics: list[dict[str, np.ndarray]], seconds: float) -> dict[str, float]:
-    """Means over an interval's applied steps (token-weighted), skipped steps, and real target tokens/s.
+@dataclasses.dataclass(frozen=True)
+class _Throughput:
+    """What turns a step's batch into model FLOPs, and the peak FLOP/s of all the run's devices."""
+
+    model_config: TransformerConfig  # The encoder-decoder's, or the classifier's encoder's.
+    peak: float  # FLOP/s of all devices together.
+
+    @classmethod
+    def of(cls, config: ml_collections.ConfigDict, model) -> "_Throughput":
+        model_config = model.config.encoder if isinstance(model, Classifier) else model.config
+        per_device, source = flops.peak_flops_per_device(model_config.dtype, config.get("peak_flops_per_device", 0.0))
+        logging.info(
+            "MFU is model FLOP/s over %s devices x %.1f TFLOP/s (%s %s matmul peak).",
+            jax.device_count(),
+            per_device / 1e12,
+            source,
+            model_config.dtype,
+        )
+        return cls(model_config, per_device * jax.device_count())
+
+    def step_flops(self, batch: dict) -> int:
+        """Model FLOPs of a train step on the global `batch` ('inputs' and, when translating, 'targets')."""
+        rows, source_length = batch["inputs"].shape
+        target_length = batch["targets"].shape[1] if "targets" in batch else 0
+        return flops.train_step_flops(self.model_config, rows, source_length, target_length)
+
+
+def _summarize(metrics: list[dict[str, np.ndarray]], seconds: float, peak_flops: float) -> dict[str, float]:
+    """Means over an interval's applied steps (token-weighted), skipped steps, real target tokens/s and MFU.
 
     Translation also gets 'real_token_fraction': the real (non-pad) share of the batches' target positions.
+    'model_flops_per_second' counts every step's matmuls (training/flops.py); 'mfu' is it over `peak_flops`.
     """
     tokens = np.array([m["tokens"] for m in metrics], np.float64)
     summary = {}
@@ -246,6 +290,8 @@ def _summarize(metrics: list[dict[str, np.ndarray]], seconds: float) -> dict[str
     summary["steps_per_second"] = len(metrics) / seconds
     summary["target_tokens_per_second"] = float(tokens.sum()) / seconds
     summary["skipped_steps"] = float(len(metrics) - len(applied))
+    summary["model_flops_per_second"] = sum(float(m["model_flops"]) for m in metrics) / seconds
+    summary["mfu"] = summary["model_flops_per_second"] / peak_flops
     if "target_positions" in metrics[0]:
         summary["real_token_fraction"] = float(tokens.sum()) / sum(m["target_positions"] for m in metrics)
     return summary
