@@ -31,11 +31,22 @@ def _explicit_row_major_layouts() -> bool:
     return jax.default_backend() == 'cpu'
 
 
-def _materialized_transpose(x: Array, axes: list[int]) -> Array:
+def _transposed_operand(x: Array, axes: list[int]) -> Array:
+    """`x` transposed to `axes` in memory, for a dot to read as it is."""
     if axes == sorted(axes):
         return x
-    # The barriers stop XLA from folding the transpose into the dot that makes or uses it.
-    return lax.optimization_barrier(jnp.transpose(lax.optimization_barrier(x), axes))
+    # The barrier stops XLA from folding the transpose back into the dot (whatever makes
+    # `x`, a cast for one, may still fuse into the transpose).
+    return lax.optimization_barrier(jnp.transpose(x, axes))
+
+
+def _transposed_product(product: Array, axes: list[int]) -> Array:
+    """A dot's `product` transposed to `axes`, the dot kept in the row-major layout."""
+    if axes == sorted(axes):
+        return product
+    # The barrier stops XLA from turning transpose(dot) into a dot of transposed operands
+    # (which XLA:CPU cannot run in bf16); the transpose may fuse into what uses it.
+    return jnp.transpose(lax.optimization_barrier(product), axes)
 
 
 def _row_major_layout(subscripts: str) -> tuple[list[str], list[str], list[str], list[str], list[str]]:
@@ -80,8 +91,8 @@ def _row_major_matmul(subscripts: str, lhs: Array, rhs: Array) -> Array:
         subscripts, lhs, rhs = swapped, rhs, lhs
         lhs_subscripts, rhs_subscripts = rhs_subscripts, lhs_subscripts
     batch, contracting, lhs_free, rhs_free, out = _row_major_layout(subscripts)
-    lhs = _materialized_transpose(lhs, [lhs_subscripts.index(c) for c in batch + lhs_free + contracting])
-    rhs = _materialized_transpose(rhs, [rhs_subscripts.index(c) for c in batch + contracting + rhs_free])
+    lhs = _transposed_operand(lhs, [lhs_subscripts.index(c) for c in batch + lhs_free + contracting])
+    rhs = _transposed_operand(rhs, [rhs_subscripts.index(c) for c in batch + contracting + rhs_free])
     num_batch, num_contracting = len(batch), len(contracting)
     product = lax.dot_general(
         lhs,
@@ -96,7 +107,7 @@ def _row_major_matmul(subscripts: str, lhs: Array, rhs: Array) -> Array:
         preferred_element_type=jnp.float32,
     )
     product_subscripts = batch + lhs_free + rhs_free
-    return _materialized_transpose(product, [product_subscripts.index(c) for c in out])
+    return _transposed_product(product, [product_subscripts.index(c) for c in out])
 
 
 def _matmul(subscripts: str, lhs: Array, rhs: Array) -> Array:
