@@ -30,7 +30,6 @@ against the bfloat16 one).
 
 import contextlib
 import dataclasses
-import importlib.util
 import math
 import os
 import statistics
@@ -242,15 +241,12 @@ def _warm_up(step: Callable[[], object], num_steps: int) -> float:
     return first
 
 
-@dataclasses.dataclass
 class _Matmul:
     """A [size, size] x [size, size] matmul in JAX, its operands in `dtype`, its product float32."""
 
-    dtype: str
-    size: int = _MATMUL_SIZE
-
-    def __post_init__(self):
-        a, b = jax.random.normal(jax.random.key(0), (2, self.size, self.size), jnp.float32).astype(self.dtype)
+    def __init__(self, dtype: str, size: int = _MATMUL_SIZE):
+        self.size = size
+        a, b = jax.random.normal(jax.random.key(0), (2, size, size), jnp.float32).astype(dtype)
         self._operands = (a, b)
         self._run = jax.jit(lambda x, y: jnp.dot(x, y, preferred_element_type=jnp.float32))
         self._run(a, b).block_until_ready()  # Compiles.
@@ -265,88 +261,107 @@ class _Matmul:
         return 2 * self.size**3 / statistics.median(seconds) / 1e9
 
 
+@dataclasses.dataclass
+class _Measurements:
+    first_step_seconds: dict[tuple[str, str], float]  # (variant, 'jax' or 'torch') -> seconds.
+    tokens_per_second: dict[tuple[str, str], list[float]]  # (variant, framework) -> one per round.
+    matmul_gflops: dict[str, list[float]]  # Operand dtype -> one per round.
+
+
+def _measure(
+    configs: dict[str, ml_collections.ConfigDict], rounds: int, steps: int, warmup_steps: int
+) -> _Measurements:
+    """Builds and warms up every variant's two steps, then times them (and the matmuls) in alternating rounds."""
+    runners, first_step_seconds = {}, {}
+    for name, config in configs.items():
+        batch = random_batch(config)
+        for framework, make_step in (("jax", ProjectStep), ("torch", TorchStep)):
+            runners[name, framework] = make_step(config, batch)
+            first_step_seconds[name, framework] = _warm_up(runners[name, framework], warmup_steps)
+    matmuls = {dtype: _Matmul(dtype) for dtype in ("float32", "bfloat16")}
+
+    tokens_per_second = {key: [] for key in runners}
+    matmul_gflops = {dtype: [] for dtype in matmuls}
+    for _ in range(rounds):
+        for dtype, matmul in matmuls.items():
+            matmul_gflops[dtype].append(matmul.gflops(_MATMUL_REPEATS))
+        for (name, framework), step in runners.items():
+            tokens = configs[name].per_device_batch_size * configs[name].dataset.max_length
+            tokens_per_second[name, framework].append(tokens / _seconds_per_step(step, steps))
+    return _Measurements(first_step_seconds, tokens_per_second, matmul_gflops)
+
+
+def _report(configs: dict[str, ml_collections.ConfigDict], measured: _Measurements, torch_module) -> None:
+    """Prints the setting, the markdown table of medians, compile times and every round's figures."""
+    config = next(iter(configs.values()))
+    model = config.model
+    batch_size, length = config.per_device_batch_size, config.dataset.max_length
+    tokens = batch_size * length
+    flops = train_step_flops(config, batch_size, length, length)
+    median = {key: statistics.median(values) for key, values in measured.tokens_per_second.items()}
+    peak = {dtype: statistics.median(values) for dtype, values in measured.matmul_gflops.items()}
+    encoder_layers, decoder_layers = _num_layers(model)
+    print(
+        f"Config R: d_model {model.d_model}, {model.num_heads} heads, d_ff {model.d_ff}, "
+        f"{encoder_layers}+{decoder_layers} layers, {model.norm_placement}-LN, vocab {config.tokenizer.vocab_size:,}, "
+        f"batch {batch_size} x {length} (no padding), label smoothing {config.optimizer.label_smoothing}, Adam."
+    )
+    print(
+        f"JAX {jax.__version__} ({jax.default_backend()}), PyTorch {torch_module.__version__} "
+        f"(default threads: {torch_module.get_num_threads()} intra-op, {torch_module.get_num_interop_threads()} "
+        f"inter-op); {os.cpu_count()} CPUs visible."
+    )
+    print(
+        f"Matmul {_MATMUL_SIZE}^2 in JAX: float32 {peak['float32']:.0f} GFLOP/s, bfloat16 operands -> float32 "
+        f"{peak['bfloat16']:.0f} GFLOP/s. Train step: {flops / 1e9:.1f} GFLOP (model FLOPs)."
+    )
+    rounds = len(next(iter(measured.matmul_gflops.values())))
+    print(f"\nTarget tokens/s, median of {rounds} rounds:\n")
+    print("| variant | this project tok/s | PyTorch tok/s | ratio | JAX GFLOP/s | MFU |")
+    print("|---|---:|---:|---:|---:|---:|")
+    for name, variant_config in configs.items():
+        ours, theirs = median[name, "jax"], median[name, "torch"]
+        gflops = flops / (tokens / ours) / 1e9
+        mfu = gflops / peak[variant_config.model.dtype]
+        print(f"| {name} | {ours:,.0f} | {theirs:,.0f} | {ours / theirs:.2f} | {gflops:.0f} | {mfu:.0%} |")
+
+    print("\nFirst step, s (JAX: compiling included; compile = first step - a median step):")
+    for name in configs:
+        jax_first, torch_first = (measured.first_step_seconds[name, framework] for framework in ("jax", "torch"))
+        compile_seconds = jax_first - tokens / median[name, "jax"]
+        print(f"  {name}: this project {jax_first:.1f} (compile {compile_seconds:.1f}), PyTorch {torch_first:.1f}")
+    print("\nPer round:")
+    for dtype, values in measured.matmul_gflops.items():
+        print(f"  matmul {dtype} GFLOP/s: {_format_rounds(values)}")
+    for (name, framework), values in measured.tokens_per_second.items():
+        print(f"  {name} {'this project' if framework == 'jax' else 'PyTorch'} tok/s: {_format_rounds(values)}")
+
+
 def _format_rounds(values: list[float]) -> str:
     return " ".join(f"{value:,.0f}" for value in values)
+
+
+def _exit_with_error(message: str) -> None:
+    print(f"error: {message}", file=sys.stderr)
+    sys.exit(2)  # As the entry points exit on a user's error.
 
 
 def main(argv):
     del argv
     # TODO(lead): call training.host_memory.reuse_freed_host_memory() here, first of all: XLA:CPU mmaps
     # and page-faults a ~600 MB temporary every step otherwise. Both frameworks share the allocator settings.
-    if importlib.util.find_spec("torch") is None:
-        sys.exit("error: PyTorch is not installed; install this benchmark's extra: pip install -e '.[benchmark]'")
-    import torch
-
+    try:
+        import torch
+    except ImportError:
+        _exit_with_error("PyTorch is not installed; install this benchmark's extra: pip install -e '.[benchmark]'")
     unknown = [name for name in _VARIANTS.value if name not in VARIANTS]
     if unknown:
-        sys.exit(f"error: --variants: unknown {', '.join(unknown)}; choose among {', '.join(VARIANTS)}.")
+        _exit_with_error(f"--variants: unknown {', '.join(unknown)}; choose among {', '.join(VARIANTS)}.")
     quiet_library_logs()
     compilation_cache.enable("")  # Compile times as on a cold start.
-
     configs = {name: config_r(*VARIANTS[name]) for name in _VARIANTS.value}
-    steps = {}
-    first_step_seconds = {}
-    for name, config in configs.items():
-        batch = random_batch(config)
-        for framework, make_step in (("jax", ProjectStep), ("torch", TorchStep)):
-            step = steps[name, framework] = make_step(config, batch)
-            first_step_seconds[name, framework] = _warm_up(step, _WARMUP_STEPS.value)
-    matmuls = {dtype: _Matmul(dtype) for dtype in ("float32", "bfloat16")}
-
-    tokens_per_second = {key: [] for key in steps}
-    peak_gflops = {dtype: [] for dtype in matmuls}
-    for _ in range(_ROUNDS.value):
-        for dtype, matmul in matmuls.items():
-            peak_gflops[dtype].append(matmul.gflops(_MATMUL_REPEATS))
-        for (name, framework), step in steps.items():
-            config = configs[name]
-            tokens = config.per_device_batch_size * config.dataset.max_length
-            tokens_per_second[name, framework].append(tokens / _seconds_per_step(step, _STEPS.value))
-
-    median = {key: statistics.median(values) for key, values in tokens_per_second.items()}
-    peak = {dtype: statistics.median(values) for dtype, values in peak_gflops.items()}
-    any_config = next(iter(configs.values()))
-    batch_size, length = any_config.per_device_batch_size, any_config.dataset.max_length
-    flops = train_step_flops(any_config, batch_size, length, length)
-    print(
-        f"Config R: d_model 256, 4 heads, d_ff 1024, 3+3 layers, post-LN, vocab {any_config.tokenizer.vocab_size:,}, "
-        f"batch {batch_size} x {length} (no padding), label smoothing 0.1, Adam."
-    )
-    print(
-        f"JAX {jax.__version__} ({jax.default_backend()}), PyTorch {torch.__version__} "
-        f"(torch.get_num_threads() {torch.get_num_threads()}, interop {torch.get_num_interop_threads()}); "
-        f"{os.cpu_count()} CPUs visible."
-    )
-    print(
-        f"Matmul {_MATMUL_SIZE}^2 in JAX: float32 {peak['float32']:.0f} GFLOP/s, bfloat16 operands -> float32 "
-        f"{peak['bfloat16']:.0f} GFLOP/s. Train step: {flops / 1e9:.1f} GFLOP of model FLOPs."
-    )
-    print(f"\nMedian of {_ROUNDS.value} rounds of {_STEPS.value} steps (target tokens/s):\n")
-    print("| variant | this project tok/s | PyTorch tok/s | ratio | JAX GFLOP/s | MFU |")
-    print("|---|---:|---:|---:|---:|---:|")
-    for name, config in configs.items():
-        ours, theirs = median[name, "jax"], median[name, "torch"]
-        gflops = flops / (batch_size * length / ours) / 1e9
-        print(
-            f"| {name} | {ours:,.0f} | {theirs:,.0f} | {ours / theirs:.2f} | {gflops:.0f} | "
-            f"{gflops / peak[config.model.dtype]:.0%} |"
-        )
-    print(
-        "\nFirst step (s; the JAX one compiles): "
-        + ", ".join(f"{name} {framework} {seconds:.1f}" for (name, framework), seconds in first_step_seconds.items())
-    )
-    print(
-        "JAX compile (first step minus a median step, s): "
-        + ", ".join(
-            f"{name} {first_step_seconds[name, 'jax'] - batch_size * length / median[name, 'jax']:.1f}"
-            for name in configs
-        )
-    )
-    print("\nPer round:")
-    for dtype, values in peak_gflops.items():
-        print(f"  matmul {dtype} GFLOP/s: {_format_rounds(values)}")
-    for (name, framework), values in tokens_per_second.items():
-        print(f"  {name} {'this project' if framework == 'jax' else 'PyTorch'} tok/s: {_format_rounds(values)}")
+    measured = _measure(configs, _ROUNDS.value, _STEPS.value, _WARMUP_STEPS.value)
+    _report(configs, measured, torch)
 
 
 if __name__ == "__main__":
