@@ -19,6 +19,13 @@ a step being a full update (forward, loss, backward, Adam).
   `torch.optim.Adam`; bfloat16 is `torch.autocast('cpu', dtype=torch.bfloat16)` around the
   forward pass and loss. Thread counts are PyTorch's defaults (printed).
 
+What differs, as each framework's standard layers have it: PyTorch's attention has biases on
+its q, k, v and output projections, both of its stacks end with a LayerNorm even post-LN
+(tests/test_peer_throughput.py counts the parameters), its `dropout` also drops attention
+weights and the feed-forward hidden units (this project: attention_dropout_rate 0, no inner
+dropout), and its LayerNorm ε is 1e-5 (here 1e-6). The `bfloat16-dropout0` row takes dropout
+out of the comparison.
+
 Both run in one process, alternating in rounds (each round: every variant's JAX step, then its
 PyTorch step, `--steps` steps each) so that a noisy neighbour affects all alike; the reported
 figure is the median over rounds. Warm-up steps (the first compiles the JAX step) are not
@@ -26,6 +33,10 @@ timed; compile time is the first step minus a median step. Each round also times
 matmuls in JAX (float32; bfloat16 operands with float32 output), the peaks against which the
 JAX step's model FLOPs give its MFU (float32 rows against the float32 peak, bfloat16 rows
 against the bfloat16 one).
+
+Take figures on a quiet machine: PyTorch's OpenMP threads suffer far more than XLA's pool from
+other work on the same cores (measured on 2 cores under a load of ~9: a PyTorch step 3x slower
+with its default 2 threads than with 1).
 """
 
 import contextlib
