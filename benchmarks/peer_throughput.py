@@ -1,0 +1,379 @@
+r"""This project's train step vs PyTorch's `nn.Transformer` on CPU, at config R.
+
+  pip install -e '.[benchmark]'   # PyTorch 2.13 (CPU), for this benchmark only
+  python benchmarks/peer_throughput.py --variants=float32,bfloat16,bfloat16-dropout0 --rounds=5 --steps=10
+
+Config R, the model both frameworks train: d_model 256, 4 heads, d_ff 1024, 3 + 3 layers,
+post-LN, a shared 8k vocabulary (embeddings and output layer tied, sinusoidal positions),
+dropout 0.1, label smoothing 0.1, Adam (β 0.9/0.98, ε 1e-9), a batch of 32 x 64 random ids
+with no padding (every position a real token). Target tokens/s = 32 * 64 / seconds per step,
+a step being a full update (forward, loss, backward, Adam).
+
+- This project: the train step exactly as train.py builds it (configs/default.py with the
+  overrides of `config_r`, `make_model`, `make_optimizer`, `configured_train_step`, the
+  translation loss) on a 1 x 1 x 1 mesh. bfloat16 is `model.dtype='bfloat16'`: bf16 matmul
+  operands accumulating in float32, float32 parameters, LayerNorm, softmax and logits.
+- PyTorch: what a researcher would write: `nn.Transformer(batch_first=True, norm_first=False)`,
+  an `nn.Embedding` scaled by sqrt(d_model) plus the same sinusoidal positions, an output
+  `nn.Linear` tied to the embedding, a causal target mask, `nn.CrossEntropyLoss(label_smoothing)`,
+  `torch.optim.Adam`; bfloat16 is `torch.autocast('cpu', dtype=torch.bfloat16)` around the
+  forward pass and loss. Thread counts are PyTorch's defaults (printed).
+
+What differs, as each framework's standard layers have it: PyTorch's attention has biases on
+its q, k, v and output projections, both of its stacks end with a LayerNorm even post-LN
+(tests/test_peer_throughput.py counts the parameters), its `dropout` also drops attention
+weights and the feed-forward hidden units (this project: attention_dropout_rate 0, no inner
+dropout), and its LayerNorm ε is 1e-5 (here 1e-6). The `bfloat16-dropout0` row takes dropout
+out of the comparison.
+
+Both run in one process, alternating in rounds (each round: every variant's JAX step, then its
+PyTorch step, `--steps` steps each) so that a noisy neighbour affects all alike; the reported
+figure is the median over rounds. Warm-up steps (the first compiles the JAX step) are not
+timed; compile time is the first step minus a median step. Each round also times 2048^2
+matmuls in JAX (float32; bfloat16 operands with float32 output), the peaks against which the
+JAX step's model FLOPs give its MFU (float32 rows against the float32 peak, bfloat16 rows
+against the bfloat16 one).
+
+Take figures on a quiet machine: PyTorch's OpenMP threads suffer far more than XLA's pool from
+other work on the same cores (measured on 2 cores under a load of ~9: a PyTorch step 3x slower
+with its default 2 threads than with 1).
+"""
+
+import contextlib
+import dataclasses
+import math
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+from absl import app, flags
+
+from common.special_ids import BOS_ID, EOS_ID
+from configs import default
+from models.build import make_model
+from models.embeddings import sinusoidal_positions
+from training import compilation_cache, sharding
+from training.logs import quiet_library_logs
+from training.loop import configured_train_step, initial_state, state_shardings
+from training.optimizer import make_optimizer
+from training.translation import TranslationTask
+
+# name -> (compute dtype, dropout rate).
+VARIANTS = {
+    "float32": ("float32", 0.1),
+    "bfloat16": ("bfloat16", 0.1),
+    "bfloat16-dropout0": ("bfloat16", 0.0),
+}
+
+_VARIANTS = flags.DEFINE_list("variants", list(VARIANTS), f"Rows to measure, of: {', '.join(VARIANTS)}.")
+_ROUNDS = flags.DEFINE_integer("rounds", 5, "Timed rounds; each runs every variant in both frameworks.", lower_bound=1)
+_STEPS = flags.DEFINE_integer("steps", 10, "Timed steps per variant, framework and round.", lower_bound=1)
+_WARMUP_STEPS = flags.DEFINE_integer(
+    "warmup_steps", 2, "Untimed steps before the rounds (the first compiles).", lower_bound=1
+)
+_MATMUL_SIZE = 2048
+_MATMUL_REPEATS = 5  # Timed matmuls per dtype and round.
+
+
+def config_r(dtype: str = "float32", dropout_rate: float = 0.1) -> ml_collections.ConfigDict:
+    """configs/default.py with config R's overrides, on one device."""
+    config = default.get_config()
+    config.model.d_model = 256
+    config.model.num_heads = 4
+    config.model.d_ff = 1024
+    config.model.num_layers = 3
+    config.model.dropout_rate = dropout_rate
+    config.model.norm_placement = "post"
+    config.model.dtype = dtype
+    config.model.max_len = 64
+    config.dataset.max_length = 64
+    config.tokenizer.vocab_size = 8_000
+    config.per_device_batch_size = 32
+    config.optimizer.label_smoothing = 0.1
+    config.mesh.data = 1
+    return config
+
+
+def random_batch(config: ml_collections.ConfigDict, seed: int = 0) -> dict[str, np.ndarray]:
+    """'inputs' and 'targets' [per_device_batch_size, max_length] int32: random ordinary ids, no padding."""
+    shape = (config.per_device_batch_size, config.dataset.max_length)
+    ids = np.random.default_rng(seed).integers(EOS_ID + 1, config.tokenizer.vocab_size, size=(2, *shape))
+    return {"inputs": ids[0].astype(np.int32), "targets": ids[1].astype(np.int32)}
+
+
+def _num_layers(model: ml_collections.ConfigDict) -> tuple[int, int]:
+    """(encoder layers, decoder layers) of config.model, as models/build.py reads them."""
+    return (
+        model.num_encoder_layers if model.num_encoder_layers > 0 else model.num_layers,
+        model.num_decoder_layers if model.num_decoder_layers > 0 else model.num_layers,
+    )
+
+
+# TODO(lead): replace with training/flops.py's function for the model FLOPs of a train step.
+def train_step_flops(config: ml_collections.ConfigDict, batch_size: int, source_length: int, target_length: int) -> int:
+    """Model FLOPs of one train step: 3 x the forward pass's matmul FLOPs (backward = 2 x forward).
+
+    Forward, 2 FLOPs per multiply-add, per layer (d = d_model, f = d_ff, S/T = source/target
+    length, V = vocabulary; attention scores and weighted values counted over the whole S x S
+    or T x T square, causal or not, as the dense einsums compute them):
+        encoder, per source token: 4d² (q, k, v, out) + 2df (FFN) + 2Sd (scores, values);
+        decoder, per target token: 4d² + 2Td (self) + 2d² + 2Sd (cross q, out) + 2df,
+            plus 2d² per source token (cross k, v);
+        output layer, per target token: dV.
+    Embedding look-ups, LayerNorm, softmax and the optimizer are left out.
+    """
+    model = config.model
+    d, f, vocab = model.d_model, model.d_ff, config.tokenizer.vocab_size
+    encoder_layers, decoder_layers = _num_layers(model)
+    source_tokens, target_tokens = batch_size * source_length, batch_size * target_length
+    encoder = source_tokens * (4 * d * d + 2 * d * f + 2 * source_length * d)
+    decoder = target_tokens * (6 * d * d + 2 * d * f + 2 * (target_length + source_length) * d)
+    decoder += source_tokens * 2 * d * d
+    output = target_tokens * d * vocab
+    return 3 * 2 * (encoder_layers * encoder + decoder_layers * decoder + output)
+
+
+class ProjectStep:
+    """This project's train step as train.py builds it, with its state and one batch it trains on repeatedly."""
+
+    def __init__(self, config: ml_collections.ConfigDict, batch: dict[str, np.ndarray]):
+        mesh = sharding.make_mesh(config.mesh, jax.devices()[:1])
+        model = make_model(config, config.tokenizer.vocab_size)
+        tx, schedule = make_optimizer(config.optimizer)
+        shardings = state_shardings(config, model, tx, mesh)
+        loss_fn = TranslationTask().loss_fn(config, model)
+        self._step = configured_train_step(config, loss_fn, tx, schedule, mesh, shardings)
+        self._state = self._step.enter(initial_state(config, model, tx, shardings))
+        self._batch = self._step.place_batch(batch)
+        self._key = jax.random.key(config.seed)
+        self._steps_run = 0
+
+    def __call__(self) -> jax.Array:
+        """Runs one update; returns its loss ([] float32, maybe not computed yet)."""
+        key = jax.random.fold_in(self._key, self._steps_run)
+        self._state, metrics = self._step.run(self._state, self._batch, key)
+        self._steps_run += 1
+        return metrics["loss"]
+
+
+class TorchStep:
+    """The same model and update in PyTorch (`nn.Transformer`), with one batch it trains on repeatedly."""
+
+    def __init__(self, config: ml_collections.ConfigDict, batch: dict[str, np.ndarray]):
+        import torch  # An optional dependency: the benchmark extra.
+        from torch import nn
+
+        self._torch = torch
+        model = config.model
+        d_model, vocab_size = model.d_model, config.tokenizer.vocab_size
+        encoder_layers, decoder_layers = _num_layers(model)
+        torch.manual_seed(config.seed)
+        embedding = nn.Embedding(vocab_size, d_model)
+        nn.init.normal_(embedding.weight, std=d_model**-0.5)  # As this project's TokenEmbedding.
+        output = nn.Linear(d_model, vocab_size, bias=False)
+        output.weight = embedding.weight  # Tied, as in this project.
+        self.modules = nn.ModuleDict(
+            {
+                "embedding": embedding,
+                "dropout": nn.Dropout(model.dropout_rate),
+                "transformer": nn.Transformer(
+                    d_model=d_model,
+                    nhead=model.num_heads,
+                    num_encoder_layers=encoder_layers,
+                    num_decoder_layers=decoder_layers,
+                    dim_feedforward=model.d_ff,
+                    dropout=model.dropout_rate,
+                    batch_first=True,
+                    norm_first=model.norm_placement == "pre",
+                ),
+                "output": output,
+            }
+        ).train()
+        self._scale = math.sqrt(d_model)
+        self._positions = torch.from_numpy(sinusoidal_positions(model.max_len, d_model))
+        self._loss = nn.CrossEntropyLoss(label_smoothing=config.optimizer.label_smoothing)
+        self._optimizer = torch.optim.Adam(
+            self.modules.parameters(),
+            lr=config.optimizer.peak_learning_rate,
+            betas=(config.optimizer.b1, config.optimizer.b2),
+            eps=config.optimizer.eps,
+        )
+        self._autocast = (
+            (lambda: torch.autocast("cpu", dtype=torch.bfloat16))
+            if model.dtype == "bfloat16"
+            else contextlib.nullcontext
+        )
+        self._inputs = torch.from_numpy(batch["inputs"]).long()
+        self._targets = torch.from_numpy(batch["targets"]).long()
+
+    def _embed(self, ids):
+        """[batch, length] ids -> [batch, length, d_model]: scaled embedding + positions, dropout."""
+        x = self.modules["embedding"](ids) * self._scale + self._positions[: ids.shape[1]]
+        return self.modules["dropout"](x)
+
+    def __call__(self):
+        """Runs one update; returns its loss ([] float32 tensor)."""
+        torch = self._torch
+        length = self._targets.shape[1]
+        bos = torch.full((self._targets.shape[0], 1), BOS_ID, dtype=self._targets.dtype)
+        decoder_inputs = torch.cat([bos, self._targets[:, :-1]], dim=1)
+        causal_mask = torch.nn.Transformer.generate_square_subsequent_mask(length)
+        self._optimizer.zero_grad()
+        with self._autocast():
+            hidden = self.modules["transformer"](
+                self._embed(self._inputs), self._embed(decoder_inputs), tgt_mask=causal_mask, tgt_is_causal=True
+            )
+            logits = self.modules["output"](hidden)
+            loss = self._loss(logits.flatten(0, 1), self._targets.flatten())
+        loss.backward()
+        self._optimizer.step()
+        return loss.detach()
+
+
+def _seconds_per_step(step: Callable[[], object], num_steps: int) -> float:
+    start = time.perf_counter()
+    for _ in range(num_steps):
+        loss = step()
+    float(loss)  # Waits for JAX's asynchronous dispatch to finish.
+    return (time.perf_counter() - start) / num_steps
+
+
+def _warm_up(step: Callable[[], object], num_steps: int) -> float:
+    """Runs `num_steps` (>= 1) untimed steps; returns the seconds of the first (a JAX step's includes compiling)."""
+    first = _seconds_per_step(step, 1)
+    if num_steps > 1:
+        _seconds_per_step(step, num_steps - 1)
+    return first
+
+
+class _Matmul:
+    """A [size, size] x [size, size] matmul in JAX, its operands in `dtype`, its product float32."""
+
+    def __init__(self, dtype: str, size: int = _MATMUL_SIZE):
+        self.size = size
+        a, b = jax.random.normal(jax.random.key(0), (2, size, size), jnp.float32).astype(dtype)
+        self._operands = (a, b)
+        self._run = jax.jit(lambda x, y: jnp.dot(x, y, preferred_element_type=jnp.float32))
+        self._run(a, b).block_until_ready()  # Compiles.
+
+    def gflops(self, repeats: int) -> float:
+        """GFLOP/s of the median of `repeats` timed calls."""
+        seconds = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            self._run(*self._operands).block_until_ready()
+            seconds.append(time.perf_counter() - start)
+        return 2 * self.size**3 / statistics.median(seconds) / 1e9
+
+
+@dataclasses.dataclass
+class _Measurements:
+    first_step_seconds: dict[tuple[str, str], float]  # (variant, 'jax' or 'torch') -> seconds.
+    tokens_per_second: dict[tuple[str, str], list[float]]  # (variant, framework) -> one per round.
+    matmul_gflops: dict[str, list[float]]  # Operand dtype -> one per round.
+
+
+def _measure(
+    configs: dict[str, ml_collections.ConfigDict], rounds: int, steps: int, warmup_steps: int
+) -> _Measurements:
+    """Builds and warms up every variant's two steps, then times them (and the matmuls) in alternating rounds."""
+    runners, first_step_seconds = {}, {}
+    for name, config in configs.items():
+        batch = random_batch(config)
+        for framework, make_step in (("jax", ProjectStep), ("torch", TorchStep)):
+            runners[name, framework] = make_step(config, batch)
+            first_step_seconds[name, framework] = _warm_up(runners[name, framework], warmup_steps)
+    matmuls = {dtype: _Matmul(dtype) for dtype in ("float32", "bfloat16")}
+
+    tokens_per_second = {key: [] for key in runners}
+    matmul_gflops = {dtype: [] for dtype in matmuls}
+    for _ in range(rounds):
+        for dtype, matmul in matmuls.items():
+            matmul_gflops[dtype].append(matmul.gflops(_MATMUL_REPEATS))
+        for (name, framework), step in runners.items():
+            tokens = configs[name].per_device_batch_size * configs[name].dataset.max_length
+            tokens_per_second[name, framework].append(tokens / _seconds_per_step(step, steps))
+    return _Measurements(first_step_seconds, tokens_per_second, matmul_gflops)
+
+
+def _report(configs: dict[str, ml_collections.ConfigDict], measured: _Measurements, torch_module) -> None:
+    """Prints the setting, the markdown table of medians, compile times and every round's figures."""
+    config = next(iter(configs.values()))
+    model = config.model
+    batch_size, length = config.per_device_batch_size, config.dataset.max_length
+    tokens = batch_size * length
+    flops = train_step_flops(config, batch_size, length, length)
+    median = {key: statistics.median(values) for key, values in measured.tokens_per_second.items()}
+    peak = {dtype: statistics.median(values) for dtype, values in measured.matmul_gflops.items()}
+    encoder_layers, decoder_layers = _num_layers(model)
+    print(
+        f"Config R: d_model {model.d_model}, {model.num_heads} heads, d_ff {model.d_ff}, "
+        f"{encoder_layers}+{decoder_layers} layers, {model.norm_placement}-LN, vocab {config.tokenizer.vocab_size:,}, "
+        f"batch {batch_size} x {length} (no padding), label smoothing {config.optimizer.label_smoothing}, Adam."
+    )
+    print(
+        f"JAX {jax.__version__} ({jax.default_backend()}), PyTorch {torch_module.__version__} "
+        f"(default threads: {torch_module.get_num_threads()} intra-op, {torch_module.get_num_interop_threads()} "
+        f"inter-op); {os.cpu_count()} CPUs visible."
+    )
+    print(
+        f"Matmul {_MATMUL_SIZE}^2 in JAX: float32 {peak['float32']:.0f} GFLOP/s, bfloat16 operands -> float32 "
+        f"{peak['bfloat16']:.0f} GFLOP/s. Train step: {flops / 1e9:.1f} GFLOP (model FLOPs)."
+    )
+    rounds = len(next(iter(measured.matmul_gflops.values())))
+    print(f"\nTarget tokens/s, median of {rounds} rounds:\n")
+    print("| variant | this project tok/s | PyTorch tok/s | ratio | JAX GFLOP/s | MFU |")
+    print("|---|---:|---:|---:|---:|---:|")
+    for name, variant_config in configs.items():
+        ours, theirs = median[name, "jax"], median[name, "torch"]
+        gflops = flops / (tokens / ours) / 1e9
+        mfu = gflops / peak[variant_config.model.dtype]
+        print(f"| {name} | {ours:,.0f} | {theirs:,.0f} | {ours / theirs:.2f} | {gflops:.0f} | {mfu:.0%} |")
+
+    print("\nFirst step, s (JAX: compiling included; compile = first step - a median step):")
+    for name in configs:
+        jax_first, torch_first = (measured.first_step_seconds[name, framework] for framework in ("jax", "torch"))
+        compile_seconds = jax_first - tokens / median[name, "jax"]
+        print(f"  {name}: this project {jax_first:.1f} (compile {compile_seconds:.1f}), PyTorch {torch_first:.1f}")
+    print("\nPer round:")
+    for dtype, values in measured.matmul_gflops.items():
+        print(f"  matmul {dtype} GFLOP/s: {_format_rounds(values)}")
+    for (name, framework), values in measured.tokens_per_second.items():
+        print(f"  {name} {'this project' if framework == 'jax' else 'PyTorch'} tok/s: {_format_rounds(values)}")
+
+
+def _format_rounds(values: list[float]) -> str:
+    return " ".join(f"{value:,.0f}" for value in values)
+
+
+def _exit_with_error(message: str) -> None:
+    print(f"error: {message}", file=sys.stderr)
+    sys.exit(2)  # As the entry points exit on a user's error.
+
+
+def main(argv):
+    del argv
+    # TODO(lead): call training.host_memory.reuse_freed_host_memory() here, first of all: XLA:CPU mmaps
+    # and page-faults a ~600 MB temporary every step otherwise. Both frameworks share the allocator settings.
+    try:
+        import torch
+    except ImportError:
+        _exit_with_error("PyTorch is not installed; install this benchmark's extra: pip install -e '.[benchmark]'")
+    unknown = [name for name in _VARIANTS.value if name not in VARIANTS]
+    if unknown:
+        _exit_with_error(f"--variants: unknown {', '.join(unknown)}; choose among {', '.join(VARIANTS)}.")
+    quiet_library_logs()
+    compilation_cache.enable("")  # Compile times as on a cold start.
+    configs = {name: config_r(*VARIANTS[name]) for name in _VARIANTS.value}
+    measured = _measure(configs, _ROUNDS.value, _STEPS.value, _WARMUP_STEPS.value)
+    _report(configs, measured, torch)
+
+
+if __name__ == "__main__":
+    app.run(main)
