@@ -58,7 +58,7 @@ from common.special_ids import BOS_ID, EOS_ID
 from configs import default
 from models.build import make_model
 from models.embeddings import sinusoidal_positions
-from training import compilation_cache, sharding
+from training import compilation_cache, flops, host_memory, sharding
 from training.logs import quiet_library_logs
 from training.loop import configured_train_step, initial_state, state_shardings
 from training.optimizer import make_optimizer
@@ -113,30 +113,6 @@ def _num_layers(model: ml_collections.ConfigDict) -> tuple[int, int]:
         model.num_encoder_layers if model.num_encoder_layers > 0 else model.num_layers,
         model.num_decoder_layers if model.num_decoder_layers > 0 else model.num_layers,
     )
-
-
-# TODO(lead): replace with training/flops.py's function for the model FLOPs of a train step.
-def train_step_flops(config: ml_collections.ConfigDict, batch_size: int, source_length: int, target_length: int) -> int:
-    """Model FLOPs of one train step: 3 x the forward pass's matmul FLOPs (backward = 2 x forward).
-
-    Forward, 2 FLOPs per multiply-add, per layer (d = d_model, f = d_ff, S/T = source/target
-    length, V = vocabulary; attention scores and weighted values counted over the whole S x S
-    or T x T square, causal or not, as the dense einsums compute them):
-        encoder, per source token: 4d² (q, k, v, out) + 2df (FFN) + 2Sd (scores, values);
-        decoder, per target token: 4d² + 2Td (self) + 2d² + 2Sd (cross q, out) + 2df,
-            plus 2d² per source token (cross k, v);
-        output layer, per target token: dV.
-    Embedding look-ups, LayerNorm, softmax and the optimizer are left out.
-    """
-    model = config.model
-    d, f, vocab = model.d_model, model.d_ff, config.tokenizer.vocab_size
-    encoder_layers, decoder_layers = _num_layers(model)
-    source_tokens, target_tokens = batch_size * source_length, batch_size * target_length
-    encoder = source_tokens * (4 * d * d + 2 * d * f + 2 * source_length * d)
-    decoder = target_tokens * (6 * d * d + 2 * d * f + 2 * (target_length + source_length) * d)
-    decoder += source_tokens * 2 * d * d
-    output = target_tokens * d * vocab
-    return 3 * 2 * (encoder_layers * encoder + decoder_layers * decoder + output)
 
 
 class ProjectStep:
@@ -308,7 +284,9 @@ def _report(configs: dict[str, ml_collections.ConfigDict], measured: _Measuremen
     model = config.model
     batch_size, length = config.per_device_batch_size, config.dataset.max_length
     tokens = batch_size * length
-    flops = train_step_flops(config, batch_size, length, length)
+    step_flops = flops.train_step_flops(
+        make_model(config, config.tokenizer.vocab_size).config, batch_size, length, length
+    )
     median = {key: statistics.median(values) for key, values in measured.tokens_per_second.items()}
     peak = {dtype: statistics.median(values) for dtype, values in measured.matmul_gflops.items()}
     encoder_layers, decoder_layers = _num_layers(model)
@@ -324,7 +302,7 @@ def _report(configs: dict[str, ml_collections.ConfigDict], measured: _Measuremen
     )
     print(
         f"Matmul {_MATMUL_SIZE}^2 in JAX: float32 {peak['float32']:.0f} GFLOP/s, bfloat16 operands -> float32 "
-        f"{peak['bfloat16']:.0f} GFLOP/s. Train step: {flops / 1e9:.1f} GFLOP (model FLOPs)."
+        f"{peak['bfloat16']:.0f} GFLOP/s. Train step: {step_flops / 1e9:.1f} GFLOP (model FLOPs, training/flops.py)."
     )
     rounds = len(next(iter(measured.matmul_gflops.values())))
     print(f"\nTarget tokens/s, median of {rounds} rounds:\n")
@@ -332,7 +310,7 @@ def _report(configs: dict[str, ml_collections.ConfigDict], measured: _Measuremen
     print("|---|---:|---:|---:|---:|---:|")
     for name, variant_config in configs.items():
         ours, theirs = median[name, "jax"], median[name, "torch"]
-        gflops = flops / (tokens / ours) / 1e9
+        gflops = step_flops / (tokens / ours) / 1e9
         mfu = gflops / peak[variant_config.model.dtype]
         print(f"| {name} | {ours:,.0f} | {theirs:,.0f} | {ours / theirs:.2f} | {gflops:.0f} | {mfu:.0%} |")
 
@@ -359,8 +337,7 @@ def _exit_with_error(message: str) -> None:
 
 def main(argv):
     del argv
-    # TODO(lead): call training.host_memory.reuse_freed_host_memory() here, first of all: XLA:CPU mmaps
-    # and page-faults a ~600 MB temporary every step otherwise. Both frameworks share the allocator settings.
+    host_memory.keep_freed_memory()  # As train.py runs; both frameworks share the allocator settings.
     try:
         import torch
     except ImportError:
