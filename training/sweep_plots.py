@@ -6,7 +6,7 @@ Plain `matplotlib.figure.Figure` objects on an Agg canvas (no pyplot, no display
 from collections.abc import Sequence
 
 import numpy as np
-from matplotlib import colormaps
+from matplotlib import colormaps, ticker
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
@@ -24,7 +24,7 @@ def bleu_bars(path: str, summaries: Sequence[VariantSummary]) -> None:
     means = np.array([s.estimates["test_bleu"].mean for s in shown])
     errors = np.array([s.estimates["test_bleu"].std or 0.0 for s in shown])
     labels = [_label(s) for s in shown]
-    figure = Figure(figsize=(8, 1.2 + 0.32 * len(shown)), dpi=_DPI)
+    figure = Figure(figsize=(11, 1.2 + 0.32 * len(shown)), dpi=_DPI)
     FigureCanvasAgg(figure)
     axes = figure.add_subplot()
     rows = np.arange(len(shown))
@@ -47,27 +47,27 @@ def bleu_bars(path: str, summaries: Sequence[VariantSummary]) -> None:
 def valid_curves(path: str, summaries: Sequence[VariantSummary]) -> None:
     """Validation perplexity (log scale) against step, one line per variant: the mean over its finished seeds
     at the steps they all have."""
-    figure = Figure(figsize=(10, 6), dpi=_DPI)
+    figure = Figure(figsize=(13, 6.5), dpi=_DPI)
     FigureCanvasAgg(figure)
     axes = figure.add_subplot()
-    cmap = colormaps["tab20"]  # 20 colours; dashed lines past them.
-    for index, s in enumerate(s for s in summaries if s.results):
-        steps = sorted(set.intersection(*(set(r.valid_curve) for r in s.results)))
-        if not steps:
-            continue
-        mean = [float(np.mean([r.valid_curve[step] for r in s.results])) for step in steps]
-        base = s is summaries[0]
+    tab20 = colormaps["tab20"]
+    colors = [tab20(i) for i in range(0, 20, 2)] + [tab20(i) for i in range(1, 20, 2)]  # Strong shades first.
+    if summaries[0].results:  # The base: thick and black, first in the legend.
+        axes.plot(*_mean_curve(summaries[0]), label=_label(summaries[0]), color="black", linewidth=2.4, marker="o")
+    for index, s in enumerate(s for s in summaries[1:] if s.results):
         axes.plot(
-            steps,
-            mean,
+            *_mean_curve(s),
             label=_label(s),
-            color="black" if base else cmap(index % 20),
-            linestyle="-" if base or index < 20 else "--",
-            linewidth=2.2 if base else 1.3,
+            color=colors[index % len(colors)],
+            linestyle="-" if index < len(colors) else "--",
+            linewidth=1.3,
             marker="o",
             markersize=3,
         )
     axes.set_yscale("log")
+    axes.yaxis.set_major_formatter(ticker.FuncFormatter(lambda value, _: f"{value:g}"))
+    axes.yaxis.set_minor_formatter(ticker.FuncFormatter(_label_2_and_5))
+    axes.xaxis.set_major_locator(ticker.MaxNLocator(integer=True))
     axes.set_xlabel("training step")
     axes.set_ylabel("validation perplexity (mean over seeds, log scale)")
     axes.set_title("Validation perplexity during training", fontsize=11)
@@ -75,6 +75,18 @@ def valid_curves(path: str, summaries: Sequence[VariantSummary]) -> None:
     axes.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
     figure.tight_layout()
     figure.savefig(path)
+
+
+def _label_2_and_5(value: float, _) -> str:
+    """Minor ticks of a log axis labelled at 2 and 5 times a power of ten only (20, 50, 200, ...)."""
+    leading = value / 10 ** np.floor(np.log10(value))
+    return f"{value:g}" if round(leading) in (2, 5) and abs(leading - round(leading)) < 1e-6 else ""
+
+
+def _mean_curve(summary: VariantSummary) -> tuple[list[int], list[float]]:
+    """The steps every finished seed validated at, and the mean perplexity there."""
+    steps = sorted(set.intersection(*(set(r.valid_curve) for r in summary.results)))
+    return steps, [float(np.mean([r.valid_curve[step] for r in summary.results])) for step in steps]
 
 
 def _label(summary: VariantSummary) -> str:
