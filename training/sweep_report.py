@@ -168,6 +168,7 @@ def collect(sweep: Sweep, root: str, runs: Sequence[Run]) -> tuple[list[VariantS
         (results if result is not None else unfinished).append(run if result is None else result)
     planned = {variant.name: sum(run.variant == variant.name for run in runs) for variant in sweep.variants}
     summaries = summarize(sweep.variants, results, planned)
+    os.makedirs(root, exist_ok=True)
     _write_markdown(os.path.join(root, "results.md"), sweep, summaries, results, unfinished)
     _write_csv(os.path.join(root, "results.csv"), summaries)
     _write_runs_csv(os.path.join(root, "results_runs.csv"), results)
