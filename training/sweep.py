@@ -185,10 +185,7 @@ def run_all(sweep: Sweep, runs: Sequence[Run], *, echo: Callable[[str], None] = 
     with _ForwardedSignals() as signals:
         for index, run in enumerate(runs, 1):
             if signals.received is not None:  # Between two runs.
-                name = signal.Signals(signals.received).name
-                raise SweepStopped(
-                    f"Stopped by {name} before {run.label}; run the same command to continue.", 128 + signals.received
-                )
+                raise signals.stopped(f"before {run.label}")
             try:
                 config = sweep.get_config(run.variant)
             except UserInputError as e:
@@ -202,17 +199,12 @@ def run_all(sweep: Sweep, runs: Sequence[Run], *, echo: Callable[[str], None] = 
             echo(f"[{index}/{len(runs)}] {run.label}: training in {run.workdir} (log: {_log_path(run)})")
             status = _train(sweep, run, signals)
             if signals.received is not None:
-                name = signal.Signals(signals.received).name
-                raise SweepStopped(
-                    f"Stopped by {name} during {run.label} (train.py exit status {status}; its log: {_log_path(run)}); "
-                    "run the same command to continue.",
-                    128 + signals.received,
-                )
+                raise signals.stopped(f"during {run.label} (train.py: {_describe(status)}; log: {_log_path(run)})")
             if status == 0 and is_finished(config, run.workdir):
                 outcome.finished.append(run)
                 echo(f"[{index}/{len(runs)}] {run.label}: finished.")
                 continue
-            why = f"exit status {status}" if status else "exit status 0 but no final scores"
+            why = _describe(status) if status else "exit status 0 but no final scores"
             outcome.failed.append((run, f"{why}: {_last_error(_log_path(run))}; log: {_log_path(run)}"))
             echo(f"[{index}/{len(runs)}] {run.label}: FAILED ({outcome.failed[-1][1]})")
     return outcome
@@ -247,6 +239,11 @@ def _train(sweep: Sweep, run: Run, signals: "_ForwardedSignals") -> int:
             signals.child = None
 
 
+def _describe(status: int) -> str:
+    """'exit status 2', or 'killed by SIGKILL' (Popen's negative status)."""
+    return f"killed by {signal.Signals(-status).name}" if status < 0 else f"exit status {status}"
+
+
 def _last_error(log_path: str) -> str:
     """The log's last `error:` line, or else its last line: why a run failed, in a line."""
     try:
@@ -278,6 +275,11 @@ class _ForwardedSignals:
     def __exit__(self, *exc_info) -> None:
         for signal_number, handler in self._previous.items():
             signal.signal(signal_number, handler)
+
+    def stopped(self, where: str) -> SweepStopped:
+        """The exception that stops the sweep after the signal received; `where`: 'during heads_1/seed_0 (...)'."""
+        name = signal.Signals(self.received).name
+        return SweepStopped(f"Stopped by {name} {where}; run the same command to continue.", 128 + self.received)
 
     def _handle(self, signal_number: int, frame) -> None:
         del frame
