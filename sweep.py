@@ -39,7 +39,10 @@ def main(argv):
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
     if _DRY_RUN.value:
-        print("\n".join(sweep.pending_commands(loaded, sweep.plan_runs(_ROOT.value, selected, _SEEDS.value))))
+        lines, unbuildable = sweep.pending_commands(loaded, sweep.plan_runs(_ROOT.value, selected, _SEEDS.value))
+        print("\n".join(lines))
+        for run, why in unbuildable:
+            print(f"left out {run.label}: its config cannot be built: {why}", file=sys.stderr)
         return
     failed = []
     if not _COLLECT.value:

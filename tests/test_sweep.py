@@ -377,3 +377,30 @@ def test_a_file_without_variants_is_not_a_sweep(tmp_path):
 
 def test_unused_paper_fields_default_to_none():
     assert Paper("not in Table 3").bleu is None
+
+
+def test_the_dry_run_leaves_out_finished_runs_and_names_those_whose_config_cannot_be_built(tmp_path):
+    path = tmp_path / "typo_sweep.py"
+    path.write_text(
+        textwrap.dedent("""
+        from configs import tiny
+        from configs.sweeps import Variant, config_for
+        VARIANTS = (Variant("base", "base", "tiny"), Variant("typo", "x", "y", {"model.num_haeds": 2}))
+        def get_config(variant="base"):
+            return config_for(tiny.get_config(), VARIANTS, variant)
+        """),
+        encoding="utf-8",
+    )
+    loaded = sweep.load_sweep(str(path))
+    runs = sweep.plan_runs(str(tmp_path / "runs"), loaded.names(), 2)
+    lines, unbuildable = sweep.pending_commands(loaded, runs)
+    assert [shlex.split(line)[2:4] for line in lines] == [
+        [f"--config={path}:base", "--config.seed=0"],
+        [f"--config={path}:base", "--config.seed=1"],
+    ]
+    assert [(run.label, "num_haeds" in why) for run, why in unbuildable] == [
+        ("typo/seed_0", True),
+        ("typo/seed_1", True),
+    ]
+    _write_scores(runs[0].workdir, loaded.get_config("base").num_train_steps)
+    assert [shlex.split(line)[3] for line in sweep.pending_commands(loaded, runs)[0]] == ["--config.seed=1"]

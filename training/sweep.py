@@ -122,17 +122,19 @@ def command(sweep: Sweep, run: Run) -> list[str]:
     ]
 
 
-def pending_commands(sweep: Sweep, runs: Sequence[Run]) -> list[str]:
-    """The shell command lines of the runs not finished yet, one per run (for a job array)."""
-    lines = []
+def pending_commands(sweep: Sweep, runs: Sequence[Run]) -> tuple[list[str], list[tuple[Run, str]]]:
+    """The shell command lines of the runs not finished yet, one per run (for a job array), and the runs
+    left out because their config cannot be built (with why)."""
+    lines, unbuildable = [], []
     for run in runs:
         try:
-            finished = is_finished(sweep.get_config(run.variant), run.workdir)
-        except UserInputError:
-            finished = False  # train.py will say why.
-        if not finished:
+            config = sweep.get_config(run.variant)
+        except UserInputError as e:
+            unbuildable.append((run, str(e)))
+            continue
+        if not is_finished(config, run.workdir):
             lines.append(shlex.join(command(sweep, run)))
-    return lines
+    return lines, unbuildable
 
 
 def scores_path(config: ml_collections.ConfigDict, workdir: str) -> str:
