@@ -404,3 +404,25 @@ def test_the_dry_run_leaves_out_finished_runs_and_names_those_whose_config_canno
     ]
     _write_scores(runs[0].workdir, loaded.get_config("base").num_train_steps)
     assert [shlex.split(line)[3] for line in sweep.pending_commands(loaded, runs)[0]] == ["--config.seed=1"]
+
+
+def _result(variant, seed, bleu, perplexity, seconds=120.0):
+    run = sweep.Run(variant, seed, f"/runs/{variant}/seed_{seed}")
+    curve = {100: 2 * perplexity, 200: perplexity}
+    return sweep_report.RunResult(run, 200, 1000, seconds, perplexity, curve, bleu, 40.0, "signature", "greedy")
+
+
+def test_summaries_estimate_each_variant_and_pair_its_seeds_with_the_base():
+    variants = (Variant("base", "base", "b"), Variant("more", "x", "m"), Variant("none", "x", "n"))
+    results = [
+        _result("base", 0, 10.0, 50.0),
+        _result("base", 1, 12.0, 40.0, seconds=180.0),
+        _result("more", 1, 13.0, 38.0),  # Seed 0 did not finish.
+    ]
+    base, more, none = sweep_report.summarize(variants, results, {"base": 2, "more": 2, "none": 2})
+    assert (base.estimates["test_bleu"].mean, base.estimates["test_bleu"].std) == (11.0, math.sqrt(2))
+    assert base.estimates["train_minutes"].mean == pytest.approx(2.5)
+    assert base.differences["test_bleu"] is None
+    assert (more.estimates["test_bleu"].n, more.differences["test_bleu"].mean) == (1, 1.0)  # 13 - 12, seed 1.
+    assert more.differences["valid_perplexity"].mean == -2.0
+    assert none.estimates["test_bleu"] is None and none.differences["test_bleu"] is None and none.steps is None

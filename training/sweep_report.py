@@ -102,14 +102,14 @@ def read_run(run: Run, config) -> RunResult | None:
     )
 
 
-# The per-variant columns: (name in results.csv, RunResult field, digits, scale).
-_METRICS = (
-    ("train_minutes", "train_seconds", 1, 1 / 60),
-    ("valid_perplexity", "valid_perplexity", 2, 1.0),
-    ("test_bleu", "test_bleu", 2, 1.0),
-    ("test_chrf", "test_chrf", 1, 1.0),
-)
-_COMPARED = ("valid_perplexity", "test_bleu", "test_chrf")  # Differences to the base row.
+# The per-variant columns of results.csv: column -> (RunResult field, scale).
+_METRICS = {
+    "train_minutes": ("train_seconds", 1 / 60),
+    "valid_perplexity": ("valid_perplexity", 1.0),
+    "test_bleu": ("test_bleu", 1.0),
+    "test_chrf": ("test_chrf", 1.0),
+}
+_COMPARED = ("valid_perplexity", "test_bleu", "test_chrf")  # Differences to the base row (also RunResult fields).
 
 
 @dataclasses.dataclass(frozen=True)
@@ -135,13 +135,14 @@ def summarize(variants: Sequence[Variant], results: Sequence[RunResult], planned
     """One `VariantSummary` per variant, in order; differences are to the first variant (the base)."""
 
     def by_seed(name: str, field: str) -> dict[int, float | None]:
-        return {r.run.seed: _scaled(getattr(r, field), 1.0) for r in results if r.run.variant == name}
+        return {r.run.seed: getattr(r, field) for r in results if r.run.variant == name}
 
     summaries = []
     for variant in variants:
         mine = [r for r in results if r.run.variant == variant.name]
         estimates = {
-            column: estimate([_scaled(getattr(r, field), scale) for r in mine]) for column, field, _, scale in _METRICS
+            column: estimate([_scaled(getattr(r, field), scale) for r in mine])
+            for column, (field, scale) in _METRICS.items()
         }
         differences = {
             column: paired_difference(by_seed(variant.name, column), by_seed(variants[0].name, column))
@@ -241,7 +242,7 @@ def _write_markdown(
 
 def _write_csv(path: str, summaries: Sequence[VariantSummary]) -> None:
     header = ["variant", "group", "description", "runs_finished", "runs_planned", "params", "steps"]
-    for column, *_ in _METRICS:
+    for column in _METRICS:
         header += [f"{column}_mean", f"{column}_std"]
         if column in _COMPARED:
             header += [f"{column}_diff", f"{column}_diff_std"]
@@ -252,7 +253,7 @@ def _write_csv(path: str, summaries: Sequence[VariantSummary]) -> None:
         for s in summaries:
             row = [s.variant.name, s.variant.group, s.variant.description, len(s.results), s.planned]
             row += [_blank(s.num_params), _blank(s.steps)]
-            for column, *_ in _METRICS:
+            for column in _METRICS:
                 row += _mean_std(s.estimates[column])
                 if column in _COMPARED:
                     row += _mean_std(s.differences[column])
