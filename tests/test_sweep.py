@@ -404,6 +404,10 @@ def test_the_dry_run_leaves_out_finished_runs_and_names_those_whose_config_canno
     ]
     _write_scores(runs[0].workdir, loaded.get_config("base").num_train_steps)
     assert [shlex.split(line)[3] for line in sweep.pending_commands(loaded, runs)[0]] == ["--config.seed=1"]
+    # Collecting lists the runs that cannot have run as unfinished (base/seed_0 lacks its metric logs: no numbers).
+    _, unfinished = sweep_report.collect(loaded, str(tmp_path / "runs"), runs)
+    assert [run.label for run in unfinished] == ["typo/seed_0", "base/seed_1", "typo/seed_1"]
+    assert "- typo/seed_1:" in (tmp_path / "runs" / "results.md").read_text(encoding="utf-8")
 
 
 def _result(variant, seed, bleu, perplexity, seconds=120.0):

@@ -20,6 +20,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
+from common.errors import UserInputError
 from configs.sweeps import Variant
 from training import metric_log
 from training.sweep import Run, Sweep, final_scores
@@ -165,7 +166,10 @@ def collect(sweep: Sweep, root: str, runs: Sequence[Run]) -> tuple[list[VariantS
     """
     results, unfinished = [], []
     for run in runs:
-        result = read_run(run, sweep.get_config(run.variant))
+        try:
+            result = read_run(run, sweep.get_config(run.variant))
+        except UserInputError:  # A variant of a feature this checkout lacks: it cannot have run.
+            result = None
         (results if result is not None else unfinished).append(run if result is None else result)
     planned = {variant.name: sum(run.variant == variant.name for run in runs) for variant in sweep.variants}
     summaries = summarize(sweep.variants, results, planned)
@@ -198,7 +202,8 @@ def _write_markdown(
     lines = [
         f"# Sweep results: {os.path.basename(sweep.path)}",
         "",
-        f"{len(results)} of {len(results) + len(unfinished)} runs finished ({seeds} seeds planned per variant). "
+        f"{len(results)} of {len(results) + len(unfinished)} runs finished ({seeds} seed{'s' * (seeds != 1)} planned "
+        "per variant). "
         "Each cell is the mean ± sample standard deviation over the finished seeds ((n=k): only k finished). "
         "Δ: the difference to the base run of the same seed (same data order and tokenizer), mean ± standard "
         "deviation over the seeds both finished. Validation perplexity per subword at the last step; test BLEU "
