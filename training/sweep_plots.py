@@ -24,7 +24,7 @@ def bleu_bars(path: str, summaries: Sequence[VariantSummary]) -> None:
     means = np.array([s.estimates["test_bleu"].mean for s in shown])
     errors = np.array([s.estimates["test_bleu"].std or 0.0 for s in shown])
     labels = [_label(s) for s in shown]
-    figure = Figure(figsize=(11, 1.2 + 0.32 * len(shown)), dpi=_DPI)
+    figure = Figure(figsize=(11, max(2.5, 1.2 + 0.32 * len(shown))), dpi=_DPI)
     FigureCanvasAgg(figure)
     axes = figure.add_subplot()
     rows = np.arange(len(shown))
