@@ -66,7 +66,7 @@ def valid_curves(path: str, summaries: Sequence[VariantSummary]) -> None:
         )
     axes.set_yscale("log")
     axes.yaxis.set_major_formatter(ticker.FuncFormatter(lambda value, _: f"{value:g}"))
-    axes.yaxis.set_minor_formatter(ticker.FuncFormatter(_label_2_and_5))
+    axes.yaxis.set_minor_formatter(ticker.FuncFormatter(_label_2_3_and_5))
     axes.xaxis.set_major_locator(ticker.MaxNLocator(integer=True))
     axes.set_xlabel("training step")
     axes.set_ylabel("validation perplexity (mean over seeds, log scale)")
@@ -77,10 +77,10 @@ def valid_curves(path: str, summaries: Sequence[VariantSummary]) -> None:
     figure.savefig(path)
 
 
-def _label_2_and_5(value: float, _) -> str:
-    """Minor ticks of a log axis labelled at 2 and 5 times a power of ten only (20, 50, 200, ...)."""
+def _label_2_3_and_5(value: float, _) -> str:
+    """Minor ticks of a log axis labelled at 2, 3 and 5 times a power of ten only (20, 30, 50, 200, ...)."""
     leading = value / 10 ** np.floor(np.log10(value))
-    return f"{value:g}" if round(leading) in (2, 5) and abs(leading - round(leading)) < 1e-6 else ""
+    return f"{value:g}" if round(leading) in (2, 3, 5) and abs(leading - round(leading)) < 1e-6 else ""
 
 
 def _mean_curve(summary: VariantSummary) -> tuple[list[int], list[float]]:
