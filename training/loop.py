@@ -85,6 +85,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
     train_step = configured_train_step(config, task.loss_fn(config, model), tx, learning_rate_fn, mesh, shardings)
     evaluator = task.evaluator(config, model, corpus, mesh)
     writers = {name: MetricWriter(workdir, name) for name in ("train", "valid")}
+    writers["train"].write(int(state.step), {"num_params": sum(x.size for x in jax.tree.leaves(state.params))})
     throughput = _Throughput.of(config, model)
     with contextlib.closing(train_batches):
         state = _train(
@@ -274,7 +275,8 @@ class _Throughput:
 
 
 def _summarize(metrics: list[dict[str, np.ndarray]], seconds: float, peak_flops: float) -> dict[str, float]:
-    """Means over an interval's applied steps (token-weighted), skipped steps, real target tokens/s and MFU.
+    """Means over an interval's applied steps (token-weighted), skipped steps, real target tokens/s, MFU, and
+    the interval's `seconds` of training (validation excluded; summed over the intervals of a run: its train time).
 
     Translation also gets 'real_token_fraction': the real (non-pad) share of the batches' target positions.
     'model_flops_per_second' counts every step's matmuls (training/flops.py); 'mfu' is it over `peak_flops`.
@@ -287,6 +289,7 @@ def _summarize(metrics: list[dict[str, np.ndarray]], seconds: float, peak_flops:
             summary[key] = float(np.average([m[key] for m in applied], weights=weights))
         summary["grad_norm"] = float(np.mean([m["grad_norm"] for m in applied]))
     summary["learning_rate"] = float(metrics[-1]["learning_rate"])
+    summary["seconds"] = seconds
     summary["steps_per_second"] = len(metrics) / seconds
     summary["target_tokens_per_second"] = float(tokens.sum()) / seconds
     summary["skipped_steps"] = float(len(metrics) - len(applied))

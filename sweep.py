@@ -1,0 +1,68 @@
+r"""Runs a sweep (every variant of a sweep file x seeds, one train.py process each), then collects the results.
+
+  python sweep.py --sweep=configs/sweeps/table3.py --root=runs/table3
+  python sweep.py --sweep=configs/sweeps/table3.py --root=runs/table3 --only=base,heads_1 --seeds=1
+  python sweep.py --sweep=configs/sweeps/table3.py --root=runs/table3 --dry_run > jobs.txt  # one command a line
+  python sweep.py --sweep=configs/sweeps/table3.py --root=runs/table3 --collect
+
+Run (variant, seed) trains in <root>/<variant>/seed_<seed> (log: train.log there).
+Finished runs are skipped and an interrupted one resumes from its checkpoint, so
+the same command continues a sweep stopped at any point (Ctrl-C or SIGTERM: the run
+in progress saves its step first). Results: <root>/results.md, results.csv,
+results_runs.csv, results_bleu.png, valid_curves.png. Exit status 1 if a run failed
+(each failure is named, with its log), 130/143 if stopped by a signal.
+"""
+
+import sys
+
+from absl import app, flags
+
+from common.errors import UserInputError
+from training import sweep, sweep_report
+
+_SWEEP = flags.DEFINE_string("sweep", None, "Sweep file (configs/sweeps/*.py): a base config and named variants.")
+_ROOT = flags.DEFINE_string("root", None, "Folder of the sweep's runs (<root>/<variant>/seed_<k>) and results.")
+_SEEDS = flags.DEFINE_integer("seeds", 3, "Seeds per variant: 0, 1, ..., N-1.", lower_bound=1)
+_ONLY = flags.DEFINE_list("only", None, "Run only these variants (comma-separated names); collecting covers all.")
+_DRY_RUN = flags.DEFINE_bool("dry_run", False, "Print the train.py command of each unfinished run; run nothing.")
+_COLLECT = flags.DEFINE_bool("collect", False, "Only collect the results of the runs finished so far.")
+flags.mark_flags_as_required(["sweep", "root"])
+
+
+def main(argv):
+    if len(argv) > 1:
+        raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+    try:
+        loaded = sweep.load_sweep(_SWEEP.value)
+        selected = sweep.select_variants(loaded, _ONLY.value)
+    except UserInputError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+    if _DRY_RUN.value:
+        lines, unbuildable = sweep.pending_commands(loaded, sweep.plan_runs(_ROOT.value, selected, _SEEDS.value))
+        print("\n".join(lines))
+        for run, why in unbuildable:
+            print(f"left out {run.label}: its config cannot be built: {why}", file=sys.stderr)
+        return
+    failed = []
+    if not _COLLECT.value:
+        try:
+            outcome = sweep.run_all(loaded, sweep.plan_runs(_ROOT.value, selected, _SEEDS.value))
+        except sweep.SweepStopped as e:
+            print(e, file=sys.stderr)
+            sys.exit(e.exit_status)
+        failed = outcome.failed
+        print(f"{len(outcome.finished)} runs trained, {len(outcome.skipped)} finished before, {len(failed)} failed.")
+    summaries, unfinished = sweep_report.collect(
+        loaded, _ROOT.value, sweep.plan_runs(_ROOT.value, loaded.names(), _SEEDS.value)
+    )
+    finished = sum(len(s.results) for s in summaries)
+    print(f"Results of {finished} runs ({len(unfinished)} not finished) in {_ROOT.value}/results.md")
+    if failed:
+        for run, why in failed:
+            print(f"FAILED {run.label}: {why}", file=sys.stderr)
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    app.run(main)

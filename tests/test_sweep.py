@@ -1,0 +1,430 @@
+"""sweep.py: runs, resumes and skips, failures, --dry_run and --collect; the results table's arithmetic.
+
+The end-to-end tests share one sweep of a tiny sweep file (two variants that train and one
+that fails, two seeds) through the real train.py: its commands are printed by --dry_run and
+one of them is run by hand, another run is stopped by a SIGTERM to the sweep, and the sweep
+is run twice more.
+"""
+
+import csv
+import json
+import math
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import numpy as np
+import pytest
+from conftest import REPO_ROOT, entry_point_env
+
+from common.errors import UserInputError
+from configs.sweeps import Paper, Variant, config_for, table3
+from configs.validation import validate_config
+from training import metric_log, sweep, sweep_report
+
+_STEPS = 40
+
+_SWEEP_FILE = '''
+"""A tiny sweep for tests."""
+from configs import tiny
+from configs.sweeps import Paper, Variant, config_for
+
+
+def base_config():
+    config = tiny.get_config()
+    config.dataset.path = {corpus!r}
+    config.num_train_steps = {steps}
+    config.log_every_steps = 10
+    config.eval_every_steps = 20
+    config.checkpoint_every_steps = 10
+    config.eval.num_bleu_sentences = 0
+    return config
+
+
+VARIANTS = (
+    Variant("base", "base", "tiny", {{}}, Paper("base row", 4.92, 25.8, 65)),
+    Variant("heads_3", "(A) heads", "h=3: d_model 32 is not divisible", {{"model.num_heads": 3}}),
+    Variant("wide", "(C) size", "d_ff 128", {{"model.d_ff": 128}}, Paper("(C) d_ff 4096", 4.75, 26.2, 90)),
+)
+
+
+def get_config(variant="base"):
+    return config_for(base_config(), VARIANTS, variant)
+'''
+
+
+def _sweep_args(sweep_file: str, root: str, *flags: str) -> list[str]:
+    return [sys.executable, "sweep.py", f"--sweep={sweep_file}", f"--root={root}", "--seeds=2", *flags]
+
+
+def _run_sweep(sweep_file: str, root: str, *flags: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        _sweep_args(sweep_file, root, *flags),
+        cwd=REPO_ROOT,
+        env=entry_point_env(),
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+
+
+def _mtimes(root: str) -> dict[str, float]:
+    """Modification times of every run's scores.json and train.log."""
+    found = {}
+    for folder, _, files in os.walk(root):
+        for name in files:
+            if name in ("scores.json", sweep.LOG_NAME):
+                path = os.path.join(folder, name)
+                found[os.path.relpath(path, root)] = os.path.getmtime(path)
+    return found
+
+
+@pytest.fixture(scope="module")
+def swept(small_corpus, tmp_path_factory):
+    """A tiny sweep run as a user would, step by step; what each step printed and left."""
+    folder = tmp_path_factory.mktemp("sweep")
+    sweep_file = str(folder / "tiny_sweep.py")
+    with open(sweep_file, "w", encoding="utf-8") as f:
+        f.write(_SWEEP_FILE.format(corpus=small_corpus, steps=_STEPS))
+    root = str(folder / "runs")
+    stages = {}
+
+    # 1. --dry_run; one of its commands run as printed, from another folder.
+    stages["dry_run"] = _run_sweep(sweep_file, root, "--dry_run")
+    by_run = {line.rsplit("--workdir=", 1)[1]: line for line in stages["dry_run"].stdout.splitlines()}
+    by_hand = os.path.join(root, "wide", "seed_1")
+    stages["by_hand"] = subprocess.run(
+        by_run[by_hand], shell=True, cwd=str(folder), env=entry_point_env(), capture_output=True, text=True
+    )
+
+    # 2. A sweep of base/seed_0 alone, stopped by SIGTERM once the run has saved a checkpoint.
+    checkpoints = os.path.join(root, "base", "seed_0", "checkpoints")
+    process = subprocess.Popen(
+        _sweep_args(sweep_file, root, "--only=base", "--seeds=1"),
+        cwd=REPO_ROOT,
+        env=entry_point_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 300
+    while not (os.path.isdir(checkpoints) and os.listdir(checkpoints)) and process.poll() is None:
+        assert time.monotonic() < deadline, "no checkpoint within 300 s"
+        time.sleep(0.05)
+    process.send_signal(signal.SIGTERM)
+    out, err = process.communicate(timeout=300)
+    stages["stopped"] = subprocess.CompletedProcess(process.args, process.returncode, out, err)
+    stages["stopped_at"] = sorted(int(step) for step in os.listdir(checkpoints) if step.isdigit())
+
+    # 3. The whole sweep: resumes base/seed_0, skips wide/seed_1, heads_3 fails; 4. again: all skipped.
+    stages["full"] = _run_sweep(sweep_file, root)
+    stages["mtimes_after_full"] = _mtimes(root)
+    with open(os.path.join(root, "results.md"), encoding="utf-8") as f:
+        stages["results_md_after_full"] = f.read()
+    stages["again"] = _run_sweep(sweep_file, root)
+    stages["mtimes_after_again"] = _mtimes(root)
+
+    # 5. --collect alone, the results removed first.
+    for name in ("results.md", "results.csv", "results_runs.csv", "results_bleu.png", "valid_curves.png"):
+        os.remove(os.path.join(root, name))
+    stages["collect"] = _run_sweep(sweep_file, root, "--collect")
+    return {"sweep_file": sweep_file, "root": root, **stages}
+
+
+def _read_log(root: str, run: str) -> str:
+    with open(os.path.join(root, run, sweep.LOG_NAME), encoding="utf-8", errors="replace") as f:
+        return f.read()
+
+
+def _scores(root: str, run: str) -> dict:
+    with open(os.path.join(root, run, "eval", "test", "scores.json"), encoding="utf-8") as f:
+        return json.load(f)
+
+
+@pytest.mark.slow
+def test_dry_run_prints_one_self_contained_command_per_run(swept):
+    lines = swept["dry_run"].stdout.splitlines()
+    assert swept["dry_run"].returncode == 0, swept["dry_run"].stderr
+    root = swept["root"]
+    assert [shlex.split(line) for line in lines] == [
+        [
+            sys.executable,
+            os.path.join(REPO_ROOT, "train.py"),
+            f"--config={swept['sweep_file']}:{variant}",
+            f"--config.seed={seed}",
+            f"--workdir={root}/{variant}/seed_{seed}",
+        ]
+        for seed in (0, 1)
+        for variant in ("base", "heads_3", "wide")
+    ]
+    # Run as printed from another folder, it trained and evaluated its run.
+    assert swept["by_hand"].returncode == 0, swept["by_hand"].stderr[-3000:]
+    assert _scores(swept["root"], "wide/seed_1")["step"] == _STEPS
+
+
+@pytest.mark.slow
+def test_a_stopped_run_resumes_from_its_checkpoint_and_finished_runs_are_skipped(swept):
+    stopped = swept["stopped"]
+    assert stopped.returncode == 128 + signal.SIGTERM, stopped.stderr[-3000:]
+    assert "Stopped by SIGTERM during base/seed_0" in stopped.stderr
+    saved = swept["stopped_at"][-1]
+    assert 0 < saved < _STEPS
+    full = swept["full"]
+    log = _read_log(swept["root"], "base/seed_0")
+    assert log.count("# sweep.py") == 2  # Started twice: stopped, then resumed.
+    assert f"Stopped by SIGTERM after step {saved}" in log
+    assert f"Resumed from step {saved}" in log
+    assert "wide/seed_1: finished before, skipped." in full.stdout
+    # The third sweep trained nothing: every finished run's scores and log are as they were.
+    again = swept["again"]
+    assert again.stdout.count("finished before, skipped.") == 4, again.stdout
+    after_full, after_again = swept["mtimes_after_full"], swept["mtimes_after_again"]
+    unchanged = {path: t for path, t in after_full.items() if not path.startswith("heads_3")}
+    assert sum(path.endswith("scores.json") for path in unchanged) == 4
+    assert sum(path.endswith(sweep.LOG_NAME) for path in unchanged) == 3  # wide/seed_1 was run by hand.
+    assert {path: after_again[path] for path in unchanged} == unchanged
+
+
+@pytest.mark.slow
+def test_a_failing_run_is_named_with_its_log_and_the_others_still_run(swept):
+    full = swept["full"]
+    assert full.returncode == 1
+    for seed in (0, 1):
+        log = os.path.join(swept["root"], "heads_3", f"seed_{seed}", sweep.LOG_NAME)
+        failure = next(line for line in full.stderr.splitlines() if line.startswith(f"FAILED heads_3/seed_{seed}"))
+        assert "exit status 2" in failure and "num_heads" in failure and f"log: {log}" in failure
+    for run in ("base/seed_0", "base/seed_1", "wide/seed_0", "wide/seed_1"):  # wide/seed_* come after heads_3.
+        assert _scores(swept["root"], run)["step"] == _STEPS
+    assert "3 runs trained, 1 finished before, 2 failed." in full.stdout
+
+
+@pytest.mark.slow
+def test_results_are_the_mean_and_std_of_the_runs_scores(swept):
+    root = swept["root"]
+    assert swept["collect"].returncode == 0, swept["collect"].stderr[-3000:]
+    with open(os.path.join(root, "results.csv"), encoding="utf-8") as f:
+        rows = {row["variant"]: row for row in csv.DictReader(f)}
+    for variant in ("base", "wide"):
+        bleu = [_scores(root, f"{variant}/seed_{s}")["bleu"] for s in (0, 1)]
+        chrf = [_scores(root, f"{variant}/seed_{s}")["chrf"] for s in (0, 1)]
+        ppl = [metric_log.read(os.path.join(root, variant, f"seed_{s}"), "valid")[_STEPS]["perplexity"] for s in (0, 1)]
+        row = rows[variant]
+        assert row["runs_finished"] == "2" and row["steps"] == str(_STEPS)
+        assert float(row["test_bleu_mean"]) == pytest.approx(np.mean(bleu), rel=1e-12)
+        assert float(row["test_bleu_std"]) == pytest.approx(np.std(bleu, ddof=1), rel=1e-12, abs=1e-12)
+        assert float(row["test_chrf_mean"]) == pytest.approx(np.mean(chrf), rel=1e-12)
+        assert float(row["valid_perplexity_mean"]) == pytest.approx(np.mean(ppl), rel=1e-12)
+        assert float(row["train_minutes_mean"]) > 0
+    # The parameter count of d_ff 128 instead of 64: 2 layers (encoder, decoder) x (2 x 32 x 64 + 64) more.
+    assert int(rows["wide"]["params"]) - int(rows["base"]["params"]) == 2 * (2 * 32 * 64 + 64)
+    base_bleu = {s: _scores(root, f"base/seed_{s}")["bleu"] for s in (0, 1)}
+    wide_bleu = {s: _scores(root, f"wide/seed_{s}")["bleu"] for s in (0, 1)}
+    assert float(rows["wide"]["test_bleu_diff"]) == pytest.approx(
+        np.mean([wide_bleu[s] - base_bleu[s] for s in (0, 1)]), abs=1e-9
+    )
+    assert rows["heads_3"]["runs_finished"] == "0" and rows["heads_3"]["test_bleu_mean"] == ""
+    assert rows["wide"]["paper_bleu"] == "26.2"
+    # --collect alone wrote the same table as the sweep did, and the pictures.
+    with open(os.path.join(root, "results.md"), encoding="utf-8") as f:
+        markdown = f.read()
+    assert markdown == swept["results_md_after_full"]
+    assert f"| wide | (C) size | d_ff 128 | 2/2 | {int(rows['wide']['params']) / 1e6:.2f}M | {_STEPS} |" in markdown
+    bleu_cell = f"{np.mean(list(wide_bleu.values())):.2f} ± {np.std(list(wide_bleu.values()), ddof=1):.2f}"
+    assert bleu_cell in markdown
+    assert "- heads_3/seed_0:" in markdown and "- heads_3/seed_1:" in markdown
+    for picture in ("results_bleu.png", "valid_curves.png"):
+        with open(os.path.join(root, picture), "rb") as f:
+            assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+# Fast tests of the pieces.
+
+
+def test_estimate_is_the_mean_and_sample_std_of_the_values_present():
+    value = sweep_report.estimate([20.0, None, 22.0, 21.0])
+    assert (value.mean, value.std, value.n) == (21.0, 1.0, 3)
+    single = sweep_report.estimate([20.5])
+    assert (single.mean, single.std, single.n) == (20.5, None, 1)
+    assert sweep_report.estimate([None]) is None
+
+
+def test_format_estimate_says_n_when_fewer_seeds_finished_than_planned():
+    fmt = sweep_report.format_estimate
+    assert fmt(sweep_report.Estimate(20.186, 0.3149, 3), 2, 3) == "20.19 ± 0.31"
+    assert fmt(sweep_report.Estimate(20.186, 0.3149, 2), 2, 3) == "20.19 ± 0.31 (n=2)"
+    assert fmt(sweep_report.Estimate(20.186, None, 1), 2, 3) == "20.19 (n=1)"
+    assert fmt(sweep_report.Estimate(0.52, 0.2, 3), 2, 3, signed=True) == "+0.52 ± 0.20"
+    assert fmt(sweep_report.Estimate(-1.5, 0.25, 3), 1, 3, signed=True) == "-1.5 ± 0.2"
+    assert fmt(None, 2, 3) == "–"
+
+
+def test_the_difference_to_the_base_pairs_runs_of_the_same_seed():
+    difference = sweep_report.paired_difference({0: 21.0, 1: 23.0, 2: 20.0}, {0: 20.0, 1: 21.0, 3: 30.0})
+    assert (difference.mean, difference.n) == (1.5, 2)  # Seeds 0 and 1 only.
+    assert difference.std == pytest.approx(math.sqrt(0.5))
+    assert sweep_report.paired_difference({0: 21.0}, {1: 20.0}) is None
+
+
+def _write_scores(workdir, step):
+    os.makedirs(os.path.join(workdir, "eval", "test"))
+    with open(os.path.join(workdir, "eval", "test", "scores.json"), "w", encoding="utf-8") as f:
+        json.dump({"step": step, "bleu": 20.0}, f)
+
+
+def test_a_run_is_finished_when_its_final_scores_are_for_the_configs_last_step(tmp_path):
+    config = table3.get_config("base")
+    assert not sweep.is_finished(config, str(tmp_path / "empty"))
+    _write_scores(str(tmp_path / "done"), config.num_train_steps)
+    assert sweep.is_finished(config, str(tmp_path / "done"))
+    _write_scores(str(tmp_path / "shorter"), config.num_train_steps // 2)  # The sweep file now asks for more.
+    assert not sweep.is_finished(config, str(tmp_path / "shorter"))
+    os.makedirs(tmp_path / "cut" / "eval" / "test")
+    (tmp_path / "cut" / "eval" / "test" / "scores.json").write_text('{"step": 4', encoding="utf-8")
+    assert not sweep.is_finished(config, str(tmp_path / "cut"))
+
+
+def test_metric_log_keeps_the_last_value_of_each_metric_per_step(tmp_path):
+    workdir = str(tmp_path)
+    metric_log.append(workdir, "train", 0, {"num_params": 1000})
+    metric_log.append(workdir, "train", 10, {"loss": 5.0, "seconds": 2.0})
+    metric_log.append(workdir, "train", 20, {"loss": 4.0, "seconds": 2.0})  # Lost in a kill after step 20...
+    metric_log.append(workdir, "train", 10, {"num_params": 1000})  # ...resumed from step 10...
+    metric_log.append(workdir, "train", 20, {"loss": 4.5, "seconds": 3.0})  # ...which repeats step 20.
+    metric_log.append(workdir, "train", 30, {"loss": float("nan"), "seconds": 1.0})
+    with open(metric_log.path(workdir, "train"), "a", encoding="utf-8") as f:
+        f.write('{"step": 40, "lo')  # Cut short.
+    assert metric_log.read(workdir, "train") == {
+        0: {"num_params": 1000},
+        10: {"loss": 5.0, "seconds": 2.0, "num_params": 1000},
+        20: {"loss": 4.5, "seconds": 3.0},
+        30: {"loss": None, "seconds": 1.0},
+    }
+    assert metric_log.read(workdir, "valid") == {}
+
+
+def test_runs_go_seed_by_seed_in_the_sweeps_order(tmp_path):
+    runs = sweep.plan_runs(str(tmp_path), ["base", "heads_1"], 2)
+    assert [run.label for run in runs] == ["base/seed_0", "heads_1/seed_0", "base/seed_1", "heads_1/seed_1"]
+    assert runs[3].workdir == str(tmp_path / "heads_1" / "seed_1")
+
+
+def test_only_takes_variants_in_the_sweeps_order_and_names_a_missing_one():
+    loaded = sweep.load_sweep(os.path.join(REPO_ROOT, "configs", "sweeps", "table3.py"))
+    assert sweep.select_variants(loaded, ["post_ln", "base"]) == ["base", "post_ln"]
+    with pytest.raises(UserInputError, match="No variant 'heads_99'.*its variants: base, heads_1"):
+        sweep.select_variants(loaded, ["heads_99"])
+
+
+def test_a_variant_of_a_field_the_config_lacks_is_refused():
+    variants = (Variant("base", "base", "b"), Variant("typo", "x", "y", {"model.num_haeds": 2}))
+    base = table3.base_config()
+    assert config_for(base, variants, "base").model.num_heads == base.model.num_heads
+    with pytest.raises(UserInputError, match="'typo' sets model.num_haeds, a field this version's config does not"):
+        config_for(base, variants, "typo")
+    with pytest.raises(UserInputError, match="No variant 'other'"):
+        config_for(base, variants, "other")
+
+
+def test_table3_has_the_base_first_and_every_row_of_the_issue():
+    loaded = sweep.load_sweep(os.path.join(REPO_ROOT, "configs", "sweeps", "table3.py"))
+    assert loaded.names()[0] == "base" and len(loaded.names()) >= 10
+    groups = {variant.group[:3] for variant in loaded.variants}
+    assert {"(A)", "(B)", "(C)", "(D)", "(E)", "(F)", "(G)", "(H)"} <= groups
+    base = table3.get_config("base")
+    assert (base.model.norm_placement, base.model.d_model, base.model.num_heads) == ("pre", 256, 4)
+    for variant in loaded.variants:
+        if variant.paper and variant.paper.bleu is not None:
+            assert 20 < variant.paper.bleu < 30
+        config = table3.get_config(variant.name)
+        validate_config(config, num_devices=1)  # Every variant is a config train.py accepts.
+        changed = {k for k, v in variant.overrides.items() if _get(config, k) != _get(base, k)}
+        assert changed == set(variant.overrides) or variant.name == "base"
+        # Heads at constant d_model: d_k = d_model / h stays whole.
+        assert config.model.d_model % config.model.num_heads == 0
+
+
+def _get(config, dotted):
+    for part in dotted.split("."):
+        config = config[part]
+    return config
+
+
+def test_a_file_without_variants_is_not_a_sweep(tmp_path):
+    path = tmp_path / "plain.py"
+    path.write_text("def get_config():\n    return None\n", encoding="utf-8")
+    with pytest.raises(UserInputError, match="is not a sweep file"):
+        sweep.load_sweep(str(path))
+    with pytest.raises(UserInputError, match="No sweep file"):
+        sweep.load_sweep(str(tmp_path / "missing.py"))
+    path.write_text(
+        textwrap.dedent("""
+        from configs.sweeps import Variant
+        VARIANTS = (Variant("a:b", "x", "y"),)
+        def get_config(v="a:b"):
+            return None
+        """),
+        encoding="utf-8",
+    )
+    with pytest.raises(UserInputError, match="must be letters"):
+        sweep.load_sweep(str(path))
+
+
+def test_unused_paper_fields_default_to_none():
+    assert Paper("not in Table 3").bleu is None
+
+
+def test_the_dry_run_leaves_out_finished_runs_and_names_those_whose_config_cannot_be_built(tmp_path):
+    path = tmp_path / "typo_sweep.py"
+    path.write_text(
+        textwrap.dedent("""
+        from configs import tiny
+        from configs.sweeps import Variant, config_for
+        VARIANTS = (Variant("base", "base", "tiny"), Variant("typo", "x", "y", {"model.num_haeds": 2}))
+        def get_config(variant="base"):
+            return config_for(tiny.get_config(), VARIANTS, variant)
+        """),
+        encoding="utf-8",
+    )
+    loaded = sweep.load_sweep(str(path))
+    runs = sweep.plan_runs(str(tmp_path / "runs"), loaded.names(), 2)
+    lines, unbuildable = sweep.pending_commands(loaded, runs)
+    assert [shlex.split(line)[2:4] for line in lines] == [
+        [f"--config={path}:base", "--config.seed=0"],
+        [f"--config={path}:base", "--config.seed=1"],
+    ]
+    assert [(run.label, "num_haeds" in why) for run, why in unbuildable] == [
+        ("typo/seed_0", True),
+        ("typo/seed_1", True),
+    ]
+    _write_scores(runs[0].workdir, loaded.get_config("base").num_train_steps)
+    assert [shlex.split(line)[3] for line in sweep.pending_commands(loaded, runs)[0]] == ["--config.seed=1"]
+    # Collecting lists the runs that cannot have run as unfinished (base/seed_0 lacks its metric logs: no numbers).
+    _, unfinished = sweep_report.collect(loaded, str(tmp_path / "runs"), runs)
+    assert [run.label for run in unfinished] == ["typo/seed_0", "base/seed_1", "typo/seed_1"]
+    assert "- typo/seed_1:" in (tmp_path / "runs" / "results.md").read_text(encoding="utf-8")
+
+
+def _result(variant, seed, bleu, perplexity, seconds=120.0):
+    run = sweep.Run(variant, seed, f"/runs/{variant}/seed_{seed}")
+    curve = {100: 2 * perplexity, 200: perplexity}
+    return sweep_report.RunResult(run, 200, 1000, seconds, perplexity, curve, bleu, 40.0, "signature", "greedy")
+
+
+def test_summaries_estimate_each_variant_and_pair_its_seeds_with_the_base():
+    variants = (Variant("base", "base", "b"), Variant("more", "x", "m"), Variant("none", "x", "n"))
+    results = [
+        _result("base", 0, 10.0, 50.0),
+        _result("base", 1, 12.0, 40.0, seconds=180.0),
+        _result("more", 1, 13.0, 38.0),  # Seed 0 did not finish.
+    ]
+    base, more, none = sweep_report.summarize(variants, results, {"base": 2, "more": 2, "none": 2})
+    assert (base.estimates["test_bleu"].mean, base.estimates["test_bleu"].std) == (11.0, math.sqrt(2))
+    assert base.estimates["train_minutes"].mean == pytest.approx(2.5)
+    assert base.differences["test_bleu"] is None
+    assert (more.estimates["test_bleu"].n, more.differences["test_bleu"].mean) == (1, 1.0)  # 13 - 12, seed 1.
+    assert more.differences["valid_perplexity"].mean == -2.0
+    assert none.estimates["test_bleu"] is None and none.differences["test_bleu"] is None and none.steps is None

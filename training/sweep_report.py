@@ -1,0 +1,294 @@
+"""A sweep's results: per variant, mean ± standard deviation over seeds, differences to the base, plots.
+
+`collect` reads every finished run of a sweep (training/sweep.py) and writes under the root:
+results.md (the table, with the paper's numbers beside each row), results.csv (the
+same per variant, machine-readable), results_runs.csv (one line per run),
+results_bleu.png (test BLEU per variant with error bars) and valid_curves.png
+(validation perplexity against step, the mean over seeds, one line per variant).
+
+Where the numbers come from: test BLEU, chrF and the step from the final evaluation's
+scores.json; the validation perplexity at each step, the parameter count and the
+training seconds of each logging interval from <workdir>/metrics/*.jsonl
+(training/metric_log.py).
+"""
+
+import csv
+import dataclasses
+import math
+import os
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+from common.errors import UserInputError
+from configs.sweeps import Variant
+from training import metric_log
+from training.sweep import Run, Sweep, final_scores
+
+
+@dataclasses.dataclass(frozen=True)
+class RunResult:
+    """The numbers of one finished run."""
+
+    run: Run
+    steps: int
+    num_params: int | None
+    train_seconds: float | None  # In the training steps, validation and test evaluation excluded.
+    valid_perplexity: float | None  # At the last step.
+    valid_curve: dict[int, float]  # step -> validation perplexity.
+    test_bleu: float | None
+    test_chrf: float | None
+    signature: str
+    decoding: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Estimate:
+    """The mean of n values and their sample standard deviation (None for one value)."""
+
+    mean: float
+    std: float | None
+    n: int
+
+
+def estimate(values: Sequence[float | None]) -> Estimate | None:
+    """Mean and sample standard deviation (ddof 1) of the values that are not None; None if there are none."""
+    present = [value for value in values if value is not None]
+    if not present:
+        return None
+    std = float(np.std(present, ddof=1)) if len(present) > 1 else None
+    return Estimate(float(np.mean(present)), std, len(present))
+
+
+def paired_difference(values: Mapping[int, float | None], base: Mapping[int, float | None]) -> Estimate | None:
+    """value - base over the seeds both have (seed -> value): paired, as runs with one seed share the
+    data order and the tokenizer, so the differences vary less than the values."""
+    common = sorted(seed for seed in values if values[seed] is not None and base.get(seed) is not None)
+    return estimate([values[seed] - base[seed] for seed in common])
+
+
+def format_estimate(value: Estimate | None, digits: int, planned: int, *, signed: bool = False) -> str:
+    """'20.19 ± 0.31'; '(n=2)' added when fewer than `planned` values went in; '–' for none."""
+    if value is None:
+        return "–"
+    sign = "+" if signed else ""
+    text = f"{value.mean:{sign}.{digits}f}"
+    if value.std is not None:
+        text += f" ± {value.std:.{digits}f}"
+    if value.n < planned:
+        text += f" (n={value.n})"
+    return text
+
+
+def read_run(run: Run, config) -> RunResult | None:
+    """The numbers of `run` (whose config is `config`), or None if it has not finished."""
+    scores = final_scores(config, run.workdir)
+    if scores is None:
+        return None
+    train, valid = metric_log.read(run.workdir, "train"), metric_log.read(run.workdir, "valid")
+    curve = {step: m["perplexity"] for step, m in valid.items() if m.get("perplexity") is not None}
+    params = [m["num_params"] for m in train.values() if m.get("num_params") is not None]
+    seconds = [m["seconds"] for step, m in train.items() if m.get("seconds") is not None and step <= scores["step"]]
+    return RunResult(
+        run=run,
+        steps=scores["step"],
+        num_params=int(params[-1]) if params else None,
+        train_seconds=float(sum(seconds)) if seconds else None,
+        valid_perplexity=curve.get(scores["step"]),
+        valid_curve=curve,
+        test_bleu=scores.get("bleu"),
+        test_chrf=scores.get("chrf"),
+        signature=scores.get("signature", ""),
+        decoding=scores.get("decoding", ""),
+    )
+
+
+# The per-variant columns of results.csv: column -> (RunResult field, scale).
+_METRICS = {
+    "train_minutes": ("train_seconds", 1 / 60),
+    "valid_perplexity": ("valid_perplexity", 1.0),
+    "test_bleu": ("test_bleu", 1.0),
+    "test_chrf": ("test_chrf", 1.0),
+}
+_COMPARED = ("valid_perplexity", "test_bleu", "test_chrf")  # Differences to the base row (also RunResult fields).
+
+
+@dataclasses.dataclass(frozen=True)
+class VariantSummary:
+    """A variant's row: its finished runs, estimates of each metric and differences to the base."""
+
+    variant: Variant
+    results: list[RunResult]
+    planned: int
+    estimates: dict[str, Estimate | None]
+    differences: dict[str, Estimate | None]
+
+    @property
+    def num_params(self) -> int | None:
+        return next((r.num_params for r in self.results if r.num_params is not None), None)
+
+    @property
+    def steps(self) -> int | None:
+        return max((r.steps for r in self.results), default=None)
+
+
+def summarize(variants: Sequence[Variant], results: Sequence[RunResult], planned: Mapping[str, int]):
+    """One `VariantSummary` per variant, in order; differences are to the first variant (the base)."""
+
+    def by_seed(name: str, field: str) -> dict[int, float | None]:
+        return {r.run.seed: getattr(r, field) for r in results if r.run.variant == name}
+
+    summaries = []
+    for variant in variants:
+        mine = [r for r in results if r.run.variant == variant.name]
+        estimates = {
+            column: estimate([_scaled(getattr(r, field), scale) for r in mine])
+            for column, (field, scale) in _METRICS.items()
+        }
+        differences = {
+            column: paired_difference(by_seed(variant.name, column), by_seed(variants[0].name, column))
+            if variant is not variants[0]
+            else None
+            for column in _COMPARED
+        }
+        summaries.append(VariantSummary(variant, mine, planned[variant.name], estimates, differences))
+    return summaries
+
+
+def _scaled(value: float | None, scale: float) -> float | None:
+    return None if value is None else value * scale
+
+
+def collect(sweep: Sweep, root: str, runs: Sequence[Run]) -> tuple[list[VariantSummary], list[Run]]:
+    """Reads `runs` of `sweep`, writes the results under `root`; returns the summaries and the unfinished runs.
+
+    `runs` are every planned (variant, seed): those not finished are left out of the numbers and listed.
+    """
+    results, unfinished = [], []
+    for run in runs:
+        try:
+            result = read_run(run, sweep.get_config(run.variant))
+        except UserInputError:  # A variant of a feature this checkout lacks: it cannot have run.
+            result = None
+        (results if result is not None else unfinished).append(run if result is None else result)
+    planned = {variant.name: sum(run.variant == variant.name for run in runs) for variant in sweep.variants}
+    summaries = summarize(sweep.variants, results, planned)
+    os.makedirs(root, exist_ok=True)
+    _write_markdown(os.path.join(root, "results.md"), sweep, summaries, results, unfinished)
+    _write_csv(os.path.join(root, "results.csv"), summaries)
+    _write_runs_csv(os.path.join(root, "results_runs.csv"), results)
+    if any(s.estimates["test_bleu"] for s in summaries):
+        from training import sweep_plots  # pylint: disable=g-import-not-at-top  (matplotlib only when drawing)
+
+        sweep_plots.bleu_bars(os.path.join(root, "results_bleu.png"), summaries)
+        sweep_plots.valid_curves(os.path.join(root, "valid_curves.png"), summaries)
+    return summaries, unfinished
+
+
+def _params(count: int | None) -> str:
+    return "–" if count is None else f"{count / 1e6:.2f}M"
+
+
+def _number(value: float | None, digits: int) -> str:
+    return "–" if value is None else f"{value:.{digits}f}"
+
+
+def _write_markdown(
+    path: str, sweep: Sweep, summaries: Sequence[VariantSummary], results: Sequence[RunResult], unfinished
+) -> None:
+    seeds = max(s.planned for s in summaries)
+    signatures = sorted({r.signature for r in results if r.signature})
+    decodings = sorted({r.decoding for r in results if r.decoding})
+    lines = [
+        f"# Sweep results: {os.path.basename(sweep.path)}",
+        "",
+        f"{len(results)} of {len(results) + len(unfinished)} runs finished ({seeds} seed{'s' * (seeds != 1)} planned "
+        "per variant). "
+        "Each cell is the mean ± sample standard deviation over the finished seeds ((n=k): only k finished). "
+        "Δ: the difference to the base run of the same seed (same data order and tokenizer), mean ± standard "
+        "deviation over the seeds both finished. Validation perplexity per subword at the last step; test BLEU "
+        f"and chrF detokenized sacreBLEU ({'; '.join(signatures) or 'no scores yet'}), decoding: "
+        f"{', '.join(decodings) or '–'}. Train min: the training steps, evaluation excluded. Paper: Vaswani et "
+        "al. (2017), Table 3 (newstest2013, perplexity per wordpiece, BLEU, parameters): another corpus and "
+        "scale, so compare the direction and size of the differences, not the numbers.",
+        "",
+        "| variant | row | what | n | params | steps | train min | valid PPL | Δ PPL | test BLEU | Δ BLEU "
+        "| chrF | Δ chrF | paper row | paper PPL | paper BLEU | paper params |",
+        "|" + "---|" * 17,
+    ]
+    for s in summaries:
+        e, d, paper = s.estimates, s.differences, s.variant.paper
+        cells = [
+            s.variant.name,
+            s.variant.group,
+            s.variant.description,
+            f"{len(s.results)}/{s.planned}",
+            _params(s.num_params),
+            "–" if s.steps is None else str(s.steps),
+            format_estimate(e["train_minutes"], 1, s.planned),
+            format_estimate(e["valid_perplexity"], 2, s.planned),
+            format_estimate(d["valid_perplexity"], 2, s.planned, signed=True),
+            format_estimate(e["test_bleu"], 2, s.planned),
+            format_estimate(d["test_bleu"], 2, s.planned, signed=True),
+            format_estimate(e["test_chrf"], 1, s.planned),
+            format_estimate(d["test_chrf"], 1, s.planned, signed=True),
+            paper.row if paper else "–",
+            _number(paper.perplexity if paper else None, 2),
+            _number(paper.bleu if paper else None, 1),
+            "–" if paper is None or paper.params_millions is None else f"{paper.params_millions:g}M",
+        ]
+        lines.append("| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |")
+    if unfinished:
+        lines += ["", f"Not finished ({len(unfinished)}), left out of the numbers:", ""]
+        lines += [f"- {run.label}: {run.workdir}" for run in unfinished]
+    with open(path, "w", encoding="utf-8") as f:
+        f.write("\n".join(lines) + "\n")
+
+
+def _write_csv(path: str, summaries: Sequence[VariantSummary]) -> None:
+    header = ["variant", "group", "description", "runs_finished", "runs_planned", "params", "steps"]
+    for column in _METRICS:
+        header += [f"{column}_mean", f"{column}_std"]
+        if column in _COMPARED:
+            header += [f"{column}_diff", f"{column}_diff_std"]
+    header += ["paper_row", "paper_perplexity", "paper_bleu", "paper_params_millions"]
+    with open(path, "w", encoding="utf-8", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(header)
+        for s in summaries:
+            row = [s.variant.name, s.variant.group, s.variant.description, len(s.results), s.planned]
+            row += [_blank(s.num_params), _blank(s.steps)]
+            for column in _METRICS:
+                row += _mean_std(s.estimates[column])
+                if column in _COMPARED:
+                    row += _mean_std(s.differences[column])
+            paper = s.variant.paper
+            row += (
+                [paper.row, _blank(paper.perplexity), _blank(paper.bleu), _blank(paper.params_millions)]
+                if paper
+                else [""] * 4
+            )
+            writer.writerow(row)
+
+
+def _write_runs_csv(path: str, results: Sequence[RunResult]) -> None:
+    header = ["variant", "seed", "params", "steps", "train_seconds", "valid_perplexity", "test_bleu", "test_chrf"]
+    with open(path, "w", encoding="utf-8", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(header)
+        for r in results:
+            writer.writerow(
+                [r.run.variant, r.run.seed, _blank(r.num_params), r.steps]
+                + [_blank(r.train_seconds), _blank(r.valid_perplexity), _blank(r.test_bleu), _blank(r.test_chrf)]
+            )
+
+
+def _blank(value) -> str:
+    """A CSV cell: '' for None or a number that is not finite."""
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        return ""
+    return repr(value) if isinstance(value, float) else str(value)
+
+
+def _mean_std(value: Estimate | None) -> list[str]:
+    return ["", ""] if value is None else [_blank(value.mean), _blank(value.std)]
