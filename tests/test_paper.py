@@ -1,9 +1,9 @@
 """What "Attention Is All You Need" (Vaswani et al., 2017) specifies, pinned on the real model and train step.
 
 Each test is named after one statement of the paper (its section in the docstring) and checks
-the tiny model of conftest.py against a NumPy transcription of the statement. Intermediate
-tensors are read with `nn.intercept_methods` (the real modules run; the interceptor only
-records their inputs and outputs), so the model is never re-implemented here.
+the tiny model of conftest.py, the train step or the configs against a NumPy transcription of
+the statement. Intermediate tensors are read with `nn.intercept_methods` (the real modules run;
+the interceptor only records their inputs and outputs), so the model is never re-implemented here.
 """
 
 import contextlib
@@ -126,11 +126,11 @@ def with_random_layer_norms(params, seed: int = 0):
     return visit(params, '')
 
 
-def layer_params(params, path: str):
-    """The parameters under `path` ('decoder/layers_0')."""
+def subtree(tree: dict, path: str):
+    """The entry of nested dicts (parameters, gradients) at `path` ('decoder/layers_0/feed_forward_norm')."""
     for name in path.split('/'):
-        params = params[name]
-    return params
+        tree = tree[name]
+    return tree
 
 
 # --------------------------------------------------------------------------- #
@@ -235,7 +235,7 @@ def test_each_sublayer_output_is_layer_norm_of_x_plus_dropout_of_sublayer_of_x(n
             sublayers = calls_under(layer.path, MultiHeadAttention, FeedForward)
             names = [sublayer.path.rsplit('/', 1)[1] for sublayer in sublayers]
             assert names == list(SUBLAYERS[stack]), layer.path
-            norms = [layer_params(params, f'{layer.path}/{name}_norm') for name in names]
+            norms = [subtree(params, f'{layer.path}/{name}_norm') for name in names]
             check_layer(layer, sublayers, calls_under(layer.path, nn.Dropout), norms)
 
         (stack_output,) = [call.output for call in calls if call.path == stack]
@@ -340,13 +340,13 @@ def test_label_smoothing_of_the_train_step_is_kl_to_the_smoothed_targets():
         np.testing.assert_allclose(metrics['loss'], expected_loss, rtol=rtol, err_msg=f'ε = {label_smoothing}')
         expected_gradient = kl_gradient(state.params, label_smoothing)
         for path, actual in jax.tree_util.tree_leaves_with_path(new_state.opt_state.trace):
-            expected = layer_params(expected_gradient, '/'.join(key.key for key in path))
+            expected = subtree(expected_gradient, '/'.join(key.key for key in path))
             atol = rounding_tolerance(operations, np.abs(expected).max())
             np.testing.assert_allclose(actual, expected, rtol=0, atol=atol, err_msg=jax.tree_util.keystr(path))
         gradients[label_smoothing] = new_state.opt_state.trace
 
     changes = jax.tree.map(lambda a, b: np.abs(a - b).max() / np.abs(b).max(), gradients[0.1], gradients[0.0])
-    assert max(jax.tree.leaves(changes)) > 1e-2, changes  # Far beyond the rounding allowed above (~1e-4).
+    assert min(jax.tree.leaves(changes)) > 1e-2, changes  # Every weight's; far beyond the rounding allowed above.
 
 
 # --------------------------------------------------------------------------- #
@@ -418,12 +418,14 @@ def test_default_config_is_the_papers_base_model_and_training_schedule():
     # Adam's first updates are lr(step) · m̂ / (√v̂ + ε); with the same gradient g twice, m̂ = g and v̂ = g².
     gradient = {'w': jnp.asarray(np.random.default_rng(0).choice([-1.0, 1.0], 8) * np.linspace(0.5, 2.0, 8))}
     opt_state = tx.init(gradient)
+    # Rounding β to float32 moves 1 - β^t by up to |β - float32(β)| / (1 - β) relatively (m̂ takes it
+    # whole, √v̂ half); a dozen roundings in the moments and the quotient; ε / |g| is below 2e-9.
+    beta_error = {beta: abs(float(np.float32(beta)) - beta) / (1 - beta) for beta in (optimizer.b1, optimizer.b2)}
+    rtol = beta_error[optimizer.b1] + beta_error[optimizer.b2] / 2 + rounding_tolerance(12)
     for step in (1, 2):
         update, opt_state = tx.update(gradient, opt_state)
-        # A dozen roundings in the moments, their bias corrections and the quotient; ε / |g| below 2e-9.
-        np.testing.assert_allclose(
-            update['w'], -paper_learning_rate(step, 512, 4000) * np.sign(gradient['w']), rtol=rounding_tolerance(12)
-        )
+        expected = -paper_learning_rate(step, 512, 4000) * np.sign(gradient['w'])
+        np.testing.assert_allclose(update['w'], expected, rtol=rtol, err_msg=f'update {step}')
 
 
 def test_feed_forward_is_relu_between_two_linear_maps():
