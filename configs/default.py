@@ -136,8 +136,8 @@ def get_config() -> ml_collections.ConfigDict:
     # The learning rate warms up linearly for warmup_steps, then decays as 1 / sqrt(step).
     # 'paper' (section 5.3): lr(step) = learning_rate_scale * model.d_model^-0.5 *
     # min(step^-0.5, step * warmup_steps^-1.5), so its peak (at warmup_steps) follows the
-    # model's width and the warm-up: 512^-0.5 * 4000^-0.5 = 7.0e-4 here.
-    # 'rsqrt': the same shape with the peak given as peak_learning_rate.
+    # model's width and the warm-up: 512^-0.5 * 4000^-0.5 ≈ 7.0e-4 here.
+    # 'rsqrt' (configs/quickstart.py and those built on it): the same shape, its peak peak_learning_rate.
     optimizer.schedule = "paper"
     optimizer.learning_rate_scale = 1.0  # 'paper' only.
     optimizer.peak_learning_rate = config_dict.placeholder(float)  # 'rsqrt' only.
