@@ -96,6 +96,8 @@ def config_r(dtype: str = "float32", dropout_rate: float = 0.1) -> ml_collection
     config.tokenizer.vocab_size = 8_000
     config.per_device_batch_size = 32
     config.optimizer.label_smoothing = 0.1
+    # An explicit peak: PyTorch's side trains at it as a constant rate (the step time does not depend on it).
+    config.optimizer.update(schedule="rsqrt", peak_learning_rate=7e-4)
     config.mesh.data = 1
     return config
 
@@ -121,7 +123,7 @@ class ProjectStep:
     def __init__(self, config: ml_collections.ConfigDict, batch: dict[str, np.ndarray]):
         mesh = sharding.make_mesh(config.mesh, jax.devices()[:1])
         model = make_model(config, config.tokenizer.vocab_size)
-        tx, schedule = make_optimizer(config.optimizer)
+        tx, schedule = make_optimizer(config.optimizer, d_model=config.model.d_model)
         shardings = state_shardings(config, model, tx, mesh)
         loss_fn = TranslationTask().loss_fn(config, model)
         self._step = configured_train_step(config, loss_fn, tx, schedule, mesh, shardings)

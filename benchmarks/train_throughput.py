@@ -59,7 +59,7 @@ def _runner(config, workdir, corpus, mesh, batching: str, dtype: str) -> dict:
     config = config.copy_and_resolve_references()
     config.model.dtype = dtype
     model = make_model(config, corpus.tokenizer.vocab_size())
-    tx, schedule = make_optimizer(config.optimizer)
+    tx, schedule = make_optimizer(config.optimizer, d_model=config.model.d_model)
     shardings = state_shardings(config, model, tx, mesh)
     task = TranslationTask()
     train_step = configured_train_step(config, task.loss_fn(config, model), tx, schedule, mesh, shardings)

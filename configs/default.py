@@ -12,6 +12,7 @@ with this codebase yet (no accelerator here); the same code runs end to end in
 """
 
 import ml_collections
+from ml_collections import config_dict
 
 
 def get_config() -> ml_collections.ConfigDict:
@@ -153,9 +154,14 @@ def get_config() -> ml_collections.ConfigDict:
     model.pooling = "mean"
 
     config.optimizer = optimizer = ml_collections.ConfigDict()
-    # Peak of the warm-up + inverse-square-root schedule. The paper's
-    # d_model^-0.5 * warmup_steps^-0.5 is 7e-4 for Transformer-base.
-    optimizer.peak_learning_rate = 7e-4
+    # The learning rate warms up linearly for warmup_steps, then decays as 1 / sqrt(step).
+    # 'paper' (section 5.3): lr(step) = learning_rate_scale * model.d_model^-0.5 *
+    # min(step^-0.5, step * warmup_steps^-1.5), so its peak (at warmup_steps) follows the
+    # model's width and the warm-up: 512^-0.5 * 4000^-0.5 ≈ 7.0e-4 here.
+    # 'rsqrt' (configs/quickstart.py and those built on it): the same shape, its peak peak_learning_rate.
+    optimizer.schedule = "paper"
+    optimizer.learning_rate_scale = 1.0  # 'paper' only.
+    optimizer.peak_learning_rate = config_dict.placeholder(float)  # 'rsqrt' only.
     optimizer.warmup_steps = 4_000
     optimizer.b1 = 0.9
     optimizer.b2 = 0.98

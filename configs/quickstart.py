@@ -45,6 +45,7 @@ def get_config():
     config.model.norm_placement = "pre"
     config.model.dtype = "bfloat16"
 
+    config.optimizer.schedule = "rsqrt"
     config.optimizer.peak_learning_rate = 1e-3
     config.optimizer.warmup_steps = 300
 

@@ -22,6 +22,7 @@ _CHOICES = {
     "nonfinite": ("stop", "skip"),
     "task": ("translation", "classification"),
     "model.pooling": ("mean", "cls"),
+    "optimizer.schedule": ("paper", "rsqrt"),
 }
 # Datasets read from config.dataset.path, per task.
 _LOCAL_DATASETS = {"translation": "parallel_text", "classification": "labelled_text"}
@@ -42,7 +43,6 @@ _POSITIVE = (
     "model.d_ff",
     "model.num_layers",
     "model.max_len",
-    "optimizer.peak_learning_rate",
     "eval.max_decode_length",
     "eval.per_device_batch_size",
     "eval.beam_size",
@@ -70,6 +70,8 @@ _DEFAULTS = {
     "model.key_dim": 0,
     "model.relative_clip": 16,
     "model.relative_values": False,
+    "optimizer.schedule": "rsqrt",  # Configs before the 'paper' schedule gave a peak_learning_rate.
+    "optimizer.learning_rate_scale": 1.0,
 }
 
 
@@ -121,6 +123,7 @@ def validate_config(config: ml_collections.ConfigDict, num_devices: int | None =
         raise UserInputError("config.optimizer.label_smoothing must be in [0, 1).")
     if config.optimizer.warmup_steps < 0 or config.optimizer.grad_clip_norm < 0:
         raise UserInputError("config.optimizer.warmup_steps and grad_clip_norm must be >= 0.")
+    _validate_schedule(config)
 
     for field in ("dataset.max_length", "eval.max_decode_length"):
         if _get(config, field) > model.max_len:
@@ -212,6 +215,33 @@ def _validate_attention_sizes(config: ml_collections.ConfigDict) -> None:
         raise UserInputError(
             f"config.model.positional_encoding='rotary' rotates pairs of query/key dimensions, but each head has "
             f"{d_k} (config.model.key_dim, or d_model // num_heads); make it even."
+        )
+
+
+def _validate_schedule(config: ml_collections.ConfigDict) -> None:
+    """The learning rate of config.optimizer.schedule is given by its own fields, and only by them."""
+    schedule = _get(config, "optimizer.schedule")
+    peak = config.optimizer.get("peak_learning_rate")
+    scale = _get(config, "optimizer.learning_rate_scale")
+    if schedule == "rsqrt":
+        if peak is None or not peak > 0:
+            raise UserInputError(
+                f"config.optimizer.peak_learning_rate is {peak!r}; schedule 'rsqrt' needs a positive peak."
+            )
+        if scale != 1.0:
+            raise UserInputError(
+                f"config.optimizer.learning_rate_scale is {scale!r} but applies to schedule 'paper' only; "
+                "with schedule 'rsqrt', scale config.optimizer.peak_learning_rate instead."
+            )
+        return
+    if not scale > 0:
+        raise UserInputError(f"config.optimizer.learning_rate_scale is {scale!r}; it must be positive.")
+    if peak is not None:
+        paper_peak = scale * (config.model.d_model * max(config.optimizer.warmup_steps, 1)) ** -0.5
+        raise UserInputError(
+            f"config.optimizer.peak_learning_rate is {peak!r} but schedule 'paper' takes its peak from "
+            f"config.model.d_model and warmup_steps ({paper_peak:.2e} here): use --config.optimizer.schedule=rsqrt "
+            "for a peak of your own, or config.optimizer.learning_rate_scale to scale the paper's."
         )
 
 

@@ -72,7 +72,7 @@ def _config(data: int, fsdp: int, tensor: int, task: str = "translation", **mode
         positional_encoding="learned",
     )
     config.model.update(model_fields)  # Overrides of the fields above.
-    config.optimizer.update(peak_learning_rate=3e-3, warmup_steps=2)
+    config.optimizer.update(schedule="rsqrt", peak_learning_rate=3e-3, warmup_steps=2)
     config.mesh.update(data=data, fsdp=fsdp, tensor=tensor)
     return config
 
@@ -106,7 +106,7 @@ def _setup(data, fsdp, tensor, devices, task="translation", **model_fields):
     config = _config(data, fsdp, tensor, task, **model_fields)
     mesh = sharding.make_mesh(config.mesh, jax.devices()[:devices])
     model = make_model(config, vocab_size=32, num_classes=NUM_CLASSES)
-    tx, schedule = make_optimizer(config.optimizer)
+    tx, schedule = make_optimizer(config.optimizer, d_model=config.model.d_model)
     return config, mesh, model, tx, schedule
 
 

@@ -14,7 +14,7 @@ from training.state import create_train_state  # noqa: E402
 
 def _num_project_params(config) -> int:
     model = make_model(config, config.tokenizer.vocab_size)
-    tx, _ = make_optimizer(config.optimizer)
+    tx, _ = make_optimizer(config.optimizer, d_model=config.model.d_model)
     state = jax.eval_shape(lambda: create_train_state(model, tx, config.seed))
     return sum(int(np.prod(leaf.shape)) for leaf in jax.tree.leaves(state.params))
 

@@ -20,7 +20,7 @@ pytestmark = pytest.mark.slow
 def _restore(config, workdir, step):
     vocab_size = load_tokenizer(os.path.join(workdir, "tokenizer.model")).vocab_size()
     model = make_model(config, vocab_size)
-    tx, _ = make_optimizer(config.optimizer)
+    tx, _ = make_optimizer(config.optimizer, d_model=config.model.d_model)
     checkpointer = Checkpointer(workdir, read_only=True)
     restored = loop.restore_checkpoint(checkpointer, step, config, model, tx, sharding.make_mesh())
     checkpointer.close()

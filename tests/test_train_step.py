@@ -32,9 +32,9 @@ def _setup(grad_accumulation_steps=1, **model_overrides):
     model_config = dict(d_model=32, num_heads=4, d_ff=64, num_layers=2, dropout_rate=0.0, norm_placement="pre")
     model_config.update(model_overrides)
     config.model.update(model_config)
-    config.optimizer.update(peak_learning_rate=3e-3, warmup_steps=10)
+    config.optimizer.update(schedule="rsqrt", peak_learning_rate=3e-3, warmup_steps=10)
     model = make_model(config, vocab_size=24)
-    tx, schedule = make_optimizer(config.optimizer)
+    tx, schedule = make_optimizer(config.optimizer, d_model=config.model.d_model)
     state = create_train_state(model, tx, seed=0)
     step = jax.jit(
         functools.partial(
@@ -136,9 +136,9 @@ def _compiled_step(compilation: str, peak_learning_rate: float = 3e-3):
     config = default.get_config()
     config.dataset.max_length = config.eval.max_decode_length = 16
     config.model.update(d_model=32, num_heads=4, d_ff=64, num_layers=1, dropout_rate=0.0)
-    config.optimizer.update(peak_learning_rate=peak_learning_rate, warmup_steps=1)
+    config.optimizer.update(schedule="rsqrt", peak_learning_rate=peak_learning_rate, warmup_steps=1)
     model = make_model(config, vocab_size=24)
-    tx, schedule = make_optimizer(config.optimizer)
+    tx, schedule = make_optimizer(config.optimizer, d_model=config.model.d_model)
     mesh = sharding.make_mesh(devices=jax.devices()[:1])
     shardings = loop.state_shardings(config, model, tx, mesh)
     step = compile_train_step(

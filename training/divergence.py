@@ -23,6 +23,9 @@ from common.errors import TrainingStopped
 
 MODES = ("stop", "skip")
 EXIT_STATUS = 3  # Not 1 (a crash) or 2 (bad input): rerunning the same command diverges again.
+_LOWER_LEARNING_RATE = (
+    "with a lower config.optimizer.peak_learning_rate (or learning_rate_scale, with schedule 'paper')"
+)
 
 
 class NonFiniteGuard:
@@ -76,13 +79,13 @@ class NonFiniteGuard:
     def _message(self, step: int) -> str:
         if self._mode == "stop":
             what = f"the loss or gradients of step {step} are not finite (NaN or infinite)"
-            change = "with a lower config.optimizer.peak_learning_rate, or --config.nonfinite=skip to skip such steps"
+            change = f"{_LOWER_LEARNING_RATE}, or --config.nonfinite=skip to skip such steps"
         else:
             what = (
                 f"steps {step - self._in_a_row + 1} to {step} had a non-finite loss or gradients, "
                 f"{self._in_a_row} in a row (config.max_nonfinite_in_a_row), {self.skipped} skipped in all"
             )
-            change = "with a lower config.optimizer.peak_learning_rate"
+            change = _LOWER_LEARNING_RATE
         checkpoint = self._last_checkpoint()
         if checkpoint is None:
             return f"error: {what}; stopped before saving any checkpoint: start again {change}."
