@@ -53,3 +53,10 @@ def test_checkpoint_restores_onto_another_mesh(tmp_path):
     # The [d_model, d_ff] kernel: d_model split over fsdp, d_ff over tensor.
     assert "data=4 fsdp=2 tensor=1: feed-forward kernel (32, 64), shards (16, 64)" in output
     assert "data=2 fsdp=1 tensor=4: feed-forward kernel (32, 64), shards (32, 16)" in output
+
+
+def test_relative_and_rotary_positions_train_sharded_as_on_one_device():
+    """Relative and rotary positions train on 2 data x 2 FSDP x 2 tensor as on one device."""
+    output = _run_check("positions")
+    assert "positions: ok" in output
+    assert "relative, jit 2 data x 2 fsdp x 2 tensor" in output and "rotary, jit 2 data" in output

@@ -7,9 +7,6 @@ attention maps, sharded training, the config's checks.
 
 import dataclasses
 import functools
-import os
-import subprocess
-import sys
 
 import flax.linen as nn
 import jax
@@ -17,7 +14,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import pytest
-from conftest import REPO_ROOT, TINY_MODEL, tiny_config
+from conftest import TINY_MODEL, tiny_config
 from test_packing import (
     PACKED_LENGTH,
     PACKED_ROWS,
@@ -385,30 +382,6 @@ def test_the_classifier_ignores_padding(variant):
     long = model.apply({'params': params}, np.pad(rows, ((0, 0), (0, 10))), deterministic=True)
     operations = transformer_operations(config.encoder, 16, 0)
     np.testing.assert_allclose(short, long, rtol=0, atol=rounding_tolerance(operations, max(1.0, np.abs(short).max())))
-
-
-# --------------------------------------------------------------------------- #
-# Sharded training (8 simulated CPU devices, in a subprocess).
-# --------------------------------------------------------------------------- #
-
-
-@pytest.mark.slow
-def test_sharded_training_equals_one_device():
-    """Relative and rotary positions train on 2 data x 2 FSDP x 2 tensor as on one device (multi_device_check.py)."""
-    env = dict(
-        os.environ, XLA_FLAGS='--xla_force_host_platform_device_count=8', JAX_PLATFORMS='cpu', PYTHONPATH=REPO_ROOT
-    )
-    result = subprocess.run(
-        [sys.executable, os.path.join('tests', 'multi_device_check.py'), 'positions'],
-        cwd=REPO_ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    assert 'positions: ok' in result.stdout
-    assert 'relative, jit 2 data x 2 fsdp x 2 tensor' in result.stdout and 'rotary, jit 2 data' in result.stdout
 
 
 # --------------------------------------------------------------------------- #
