@@ -3,6 +3,7 @@
 import logging
 import os
 import sys
+import warnings
 
 from absl import logging as absl_logging
 
@@ -60,3 +61,8 @@ def quiet_library_logs() -> None:
     handler.addFilter(_ProjectInfoFilter())
     handler.addFilter(_LibraryStorageErrorFilter())
     sys.unraisablehook = _drop_closed_loop_callbacks(sys.unraisablehook)
+    # The same failed save leaves the writes Orbax never started as coroutines that Python
+    # warns about when it collects them at exit, after the run's own `error:` line.
+    warnings.filterwarnings(
+        "ignore", message=r"coroutine 'async_serialize\S*' was never awaited", category=RuntimeWarning
+    )

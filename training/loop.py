@@ -268,9 +268,13 @@ class _Throughput:
         return cls(model_config, per_device * jax.device_count())
 
     def step_flops(self, batch: dict) -> int:
-        """Model FLOPs of a train step on the global `batch` ('inputs' and, when translating, 'targets')."""
-        rows, source_length = batch["inputs"].shape
-        target_length = batch["targets"].shape[1] if "targets" in batch else 0
+        """Model FLOPs of a train step on the global `batch` ('inputs' and, when translating, 'targets').
+
+        Arrays are [rows, length], or [devices, rows per device, length] under pmap.
+        """
+        *row_dims, source_length = batch["inputs"].shape
+        rows = math.prod(row_dims)
+        target_length = batch["targets"].shape[-1] if "targets" in batch else 0
         return flops.train_step_flops(self.model_config, rows, source_length, target_length)
 
 
