@@ -27,7 +27,7 @@ from input_pipeline import batching
 from input_pipeline.corpus import load_corpus
 from models.build import make_model
 from models.decoding import beam_search
-from training import sharding
+from training import host_memory, sharding
 from training.logs import quiet_library_logs
 from training.state import init_params
 
@@ -53,6 +53,7 @@ def _sources(config, workdir: str | None, batch_size: int) -> tuple[np.ndarray, 
 
 def main(argv):
     del argv
+    host_memory.keep_freed_memory()  # As train.py runs.
     quiet_library_logs()
     config = _CONFIG.value
     inputs, vocab_size = _sources(config, _WORKDIR.value, _BATCH_SIZE.value)

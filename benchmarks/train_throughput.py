@@ -31,7 +31,7 @@ from ml_collections import config_flags
 from input_pipeline import datasets
 from input_pipeline.corpus import load_corpus
 from models.build import make_model
-from training import compilation_cache, sharding, tasks
+from training import compilation_cache, host_memory, sharding, tasks
 from training.loop import configured_train_step, initial_state, state_shardings
 from training.optimizer import make_optimizer
 from training.translation import TranslationTask
@@ -100,6 +100,7 @@ def _warm_up(runner: dict, num_shapes: int) -> None:
 
 def main(argv):
     del argv
+    host_memory.keep_freed_memory()  # As train.py runs.
     config = _CONFIG.value
     compilation_cache.enable("")  # Compile times as on a cold start.
     mesh = sharding.make_mesh(config.mesh)
