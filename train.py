@@ -96,9 +96,10 @@ def _parse_flags(argv: list[str]) -> list[str]:
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
-    host_memory.keep_freed_memory()  # Before JAX's threads start.
-    quiet_library_logs()
     config = _CONFIG.value
+    if config.get("keep_freed_host_memory", True):
+        host_memory.keep_freed_memory()  # Before JAX's threads start.
+    quiet_library_logs()
     # Before anything compiles (connecting several processes does).
     compilation_cache.enable(config.get("compilation_cache_dir", ""))
     try:

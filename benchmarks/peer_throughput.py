@@ -72,6 +72,9 @@ VARIANTS = {
 }
 
 _VARIANTS = flags.DEFINE_list("variants", list(VARIANTS), f"Rows to measure, of: {', '.join(VARIANTS)}.")
+_KEEP_FREED_MEMORY = flags.DEFINE_bool(
+    "keep_freed_memory", True, "glibc keeps freed memory for reuse (training/host_memory.py), for both frameworks."
+)
 _ROUNDS = flags.DEFINE_integer("rounds", 5, "Timed rounds; each runs every variant in both frameworks.", lower_bound=1)
 _STEPS = flags.DEFINE_integer("steps", 10, "Timed steps per variant, framework and round.", lower_bound=1)
 _WARMUP_STEPS = flags.DEFINE_integer(
@@ -339,7 +342,8 @@ def _exit_with_error(message: str) -> None:
 
 def main(argv):
     del argv
-    host_memory.keep_freed_memory()  # As train.py runs; both frameworks share the allocator settings.
+    if _KEEP_FREED_MEMORY.value:
+        host_memory.keep_freed_memory()  # Both frameworks share the allocator settings.
     try:
         import torch
     except ImportError:
