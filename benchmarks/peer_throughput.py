@@ -49,7 +49,6 @@ import time
 from collections.abc import Callable
 
 import jax
-import jax.numpy as jnp
 import ml_collections
 import numpy as np
 from absl import app, flags
@@ -233,26 +232,6 @@ def _warm_up(step: Callable[[], object], num_steps: int) -> float:
     return first
 
 
-class _Matmul:
-    """A [size, size] x [size, size] matmul in JAX, its operands in `dtype`, its product float32."""
-
-    def __init__(self, dtype: str, size: int = _MATMUL_SIZE):
-        self.size = size
-        a, b = jax.random.normal(jax.random.key(0), (2, size, size), jnp.float32).astype(dtype)
-        self._operands = (a, b)
-        self._run = jax.jit(lambda x, y: jnp.dot(x, y, preferred_element_type=jnp.float32))
-        self._run(a, b).block_until_ready()  # Compiles.
-
-    def gflops(self, repeats: int) -> float:
-        """GFLOP/s of the median of `repeats` timed calls."""
-        seconds = []
-        for _ in range(repeats):
-            start = time.perf_counter()
-            self._run(*self._operands).block_until_ready()
-            seconds.append(time.perf_counter() - start)
-        return 2 * self.size**3 / statistics.median(seconds) / 1e9
-
-
 @dataclasses.dataclass
 class _Measurements:
     first_step_seconds: dict[tuple[str, str], float]  # (variant, 'jax' or 'torch') -> seconds.
@@ -270,13 +249,12 @@ def _measure(
         for framework, make_step in (("jax", ProjectStep), ("torch", TorchStep)):
             runners[name, framework] = make_step(config, batch)
             first_step_seconds[name, framework] = _warm_up(runners[name, framework], warmup_steps)
-    matmuls = {dtype: _Matmul(dtype) for dtype in ("float32", "bfloat16")}
 
     tokens_per_second = {key: [] for key in runners}
-    matmul_gflops = {dtype: [] for dtype in matmuls}
+    matmul_gflops = {dtype: [] for dtype in ("float32", "bfloat16")}
     for _ in range(rounds):
-        for dtype, matmul in matmuls.items():
-            matmul_gflops[dtype].append(matmul.gflops(_MATMUL_REPEATS))
+        for dtype, values in matmul_gflops.items():
+            values.append(flops.measured_matmul_peak(dtype, _MATMUL_SIZE, _MATMUL_REPEATS) / 1e9)
         for (name, framework), step in runners.items():
             tokens = configs[name].per_device_batch_size * configs[name].dataset.max_length
             tokens_per_second[name, framework].append(tokens / _seconds_per_step(step, steps))
