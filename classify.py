@@ -17,6 +17,7 @@ from absl import app, flags, logging
 from ml_collections import config_flags
 
 from common.errors import UserInputError
+from training import host_memory
 from training.logs import quiet_library_logs
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "The trained run's directory.")
@@ -71,13 +72,13 @@ def classify(workdir: str) -> None:
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
-    from training import host_memory, text_io  # pylint: disable=g-import-not-at-top
+    from training import text_io  # pylint: disable=g-import-not-at-top
 
-    host_memory.keep_freed_memory()  # Before JAX's threads start.
     quiet_library_logs()
 
     text_io.run_command(lambda: classify(_WORKDIR.value), _OUTPUT.value or _ATTENTION_MAPS.value)
 
 
 if __name__ == "__main__":
+    host_memory.restart_with_huge_pages()  # First: the process starts over.
     app.run(main)

@@ -97,8 +97,6 @@ def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
     config = _CONFIG.value
-    if config.get("keep_freed_host_memory", True):
-        host_memory.keep_freed_memory()  # Before JAX's threads start.
     quiet_library_logs()
     # Before anything compiles (connecting several processes does).
     compilation_cache.enable(config.get("compilation_cache_dir", ""))
@@ -169,4 +167,5 @@ def _run(config) -> None:
 
 
 if __name__ == "__main__":
+    host_memory.restart_with_huge_pages()  # First: the process starts over.
     app.run(main, flags_parser=_parse_flags)

@@ -53,7 +53,6 @@ def _sources(config, workdir: str | None, batch_size: int) -> tuple[np.ndarray, 
 
 def main(argv):
     del argv
-    host_memory.keep_freed_memory()  # As train.py runs.
     quiet_library_logs()
     config = _CONFIG.value
     inputs, vocab_size = _sources(config, _WORKDIR.value, _BATCH_SIZE.value)
@@ -112,4 +111,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
+    host_memory.restart_with_huge_pages()  # As train.py runs.
     app.run(main)

@@ -34,6 +34,9 @@ matmuls in JAX (float32; bfloat16 operands with float32 output), the peaks again
 JAX step's model FLOPs give its MFU (float32 rows against the float32 peak, bfloat16 rows
 against the bfloat16 one).
 
+Both frameworks run with train.py's allocator setting, glibc's large buffers on transparent
+huge pages (training/host_memory.py); `GLIBC_TUNABLES=glibc.malloc.hugetlb=0` runs both without it.
+
 Take figures on a quiet machine: PyTorch's OpenMP threads suffer far more than XLA's pool from
 other work on the same cores (measured on 2 cores under a load of ~9: a PyTorch step 3x slower
 with its default 2 threads than with 1).
@@ -71,9 +74,6 @@ VARIANTS = {
 }
 
 _VARIANTS = flags.DEFINE_list("variants", list(VARIANTS), f"Rows to measure, of: {', '.join(VARIANTS)}.")
-_KEEP_FREED_MEMORY = flags.DEFINE_bool(
-    "keep_freed_memory", True, "glibc keeps freed memory for reuse (training/host_memory.py), for both frameworks."
-)
 _ROUNDS = flags.DEFINE_integer("rounds", 5, "Timed rounds; each runs every variant in both frameworks.", lower_bound=1)
 _STEPS = flags.DEFINE_integer("steps", 10, "Timed steps per variant, framework and round.", lower_bound=1)
 _WARMUP_STEPS = flags.DEFINE_integer(
@@ -281,7 +281,7 @@ def _report(configs: dict[str, ml_collections.ConfigDict], measured: _Measuremen
     print(
         f"JAX {jax.__version__} ({jax.default_backend()}), PyTorch {torch_module.__version__} "
         f"(default threads: {torch_module.get_num_threads()} intra-op, {torch_module.get_num_interop_threads()} "
-        f"inter-op); {os.cpu_count()} CPUs visible."
+        f"inter-op); {os.cpu_count()} CPUs visible; GLIBC_TUNABLES={os.environ.get('GLIBC_TUNABLES', '')!r}."
     )
     print(
         f"Matmul {_MATMUL_SIZE}^2 in JAX: float32 {peak['float32']:.0f} GFLOP/s, bfloat16 operands -> float32 "
@@ -320,8 +320,6 @@ def _exit_with_error(message: str) -> None:
 
 def main(argv):
     del argv
-    if _KEEP_FREED_MEMORY.value:
-        host_memory.keep_freed_memory()  # Both frameworks share the allocator settings.
     try:
         import torch
     except ImportError:
@@ -337,4 +335,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
+    host_memory.restart_with_huge_pages()  # As train.py runs; both frameworks share the allocator.
     app.run(main)

@@ -100,7 +100,6 @@ def _warm_up(runner: dict, num_shapes: int) -> None:
 
 def main(argv):
     del argv
-    host_memory.keep_freed_memory()  # As train.py runs.
     config = _CONFIG.value
     compilation_cache.enable("")  # Compile times as on a cold start.
     mesh = sharding.make_mesh(config.mesh)
@@ -144,4 +143,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
+    host_memory.restart_with_huge_pages()  # As train.py runs.
     app.run(main)

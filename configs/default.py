@@ -54,10 +54,6 @@ def get_config() -> ml_collections.ConfigDict:
     # Dense matmul peak of one device in FLOP/s, for the MFU in the training log (training/flops.py).
     # 0: from the table of accelerators (H100, H200, A100, TPU v4/v5e/v5p), or measured on a CPU.
     config.peak_flops_per_device = 0.0
-    # glibc keeps freed host memory for reuse (training/host_memory.py): XLA:CPU's train steps then
-    # do not fault their temporaries in anew (config R's bf16 step 1.6x faster on a 2-core CPU),
-    # but the process keeps its peak heap (the quick-start: 5.2 GB peak RSS instead of 2.2).
-    config.keep_freed_host_memory = True
 
     # The device mesh: data x fsdp x tensor must equal the number of devices;
     # one axis may be -1, taking the devices the others leave.

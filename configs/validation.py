@@ -67,7 +67,6 @@ _DEFAULTS = {
     "dataset.packing": True,
     "dataset.num_workers": 0,
     "model.attention_implementation": "auto",
-    "keep_freed_host_memory": True,
     "model.key_dim": 0,
     "model.relative_clip": 16,
     "model.relative_values": False,

@@ -1,52 +1,82 @@
-"""Host memory that stays with the process: XLA:CPU steps without page faults.
+"""Host memory for XLA:CPU steps: glibc's large buffers on transparent huge pages.
 
-XLA:CPU allocates each run's temporaries with malloc (about 600 MB for the train step of
-benchmarks/peer_throughput.py's config R) and frees them when the run ends. glibc serves an
-allocation that large with a fresh `mmap` and returns it with `munmap`, as it does every
-allocation of a thread's own arena that outgrows its 64 MB heap, so every step faults all
-those pages in anew: measured ~150,000 minor page faults and ~0.3 s of kernel time per config-R
-step on a 2-core AMD EPYC, a third of the step's CPU time. With one arena, no `mmap` and no
-trimming, the freed memory stays in the heap and the next step reuses it (~15,000 faults).
-The cost is that the process keeps its peak heap until it exits, and one arena without
-mmap fragments more: the quick-start's peak RSS rose from 2.2 to 5.2 GB with these
-settings (config.keep_freed_host_memory turns them off for train.py).
+XLA:CPU allocates each run's temporaries with malloc (about 1 GB a step for the quick-start's
+64 x 64 batch) and frees them when the run ends. glibc serves every allocation above 32 MiB
+with a fresh `mmap` and returns it with `munmap`, so each step faults all those pages in
+anew, 4 KiB at a time: the quick-start took ~280,000 minor page faults a step, a fifth of
+its CPU time in the kernel. With glibc's `glibc.malloc.hugetlb=1` tunable, malloc asks the
+kernel for transparent huge pages on its mappings (`madvise(MADV_HUGEPAGE)`), and the same
+gigabyte faults in 2 MiB at a time, 512 times fewer faults. Memory use does not change.
+
+Measured on a 2-core AMD EPYC (quick-start config, 80 steps, both runs in the same load):
+22.9M minor faults and 48 s of system time without the tunable, 0.4M and 22 s with it,
+the same 1.8 GB peak RSS, and ~30% more target tokens per second. (Keeping freed memory in
+glibc's heap instead, one arena without mmap or trimming, removes the faults too but
+fragments the heap: 5.2 GB peak RSS.)
+
+glibc reads tunables only when a process starts, from GLIBC_TUNABLES, so an entry point
+restarts itself once with the tunable set (`restart_with_huge_pages`). Setting
+glibc.malloc.hugetlb in GLIBC_TUNABLES yourself (0 turns it off) skips the restart.
 """
 
 import ctypes
 import ctypes.util
+import os
 import sys
 
-from absl import logging
-
-# mallopt parameters, from glibc's malloc.h.
-_M_TRIM_THRESHOLD = -1
-_M_MMAP_MAX = -4
-_M_ARENA_MAX = -8
-# mallopt takes an int: the largest trim threshold it accepts, 2 GiB of free heap top.
-_NEVER_TRIM = 2**31 - 1
+_TUNABLES_VARIABLE = "GLIBC_TUNABLES"
+_HUGE_PAGES_TUNABLE = "glibc.malloc.hugetlb"
+_THP_MODE_FILE = "/sys/kernel/mm/transparent_hugepage/enabled"
+_FIRST_GLIBC_WITH_HUGETLB = (2, 35)
 
 
-def keep_freed_memory() -> bool:
-    """Makes glibc's malloc keep freed memory for reuse: one arena, no mmap, no trimming.
-
-    Call it first in an entry point's main, before JAX starts its backend: a thread that
-    has already allocated keeps its own arena.
-
-    Returns:
-        Whether the settings were applied: False off Linux or without glibc (macOS,
-        musl), where nothing changes.
-    """
-    if not sys.platform.startswith("linux"):
-        return False
+def _glibc_version() -> tuple[int, ...] | None:
+    """glibc's version, or None for another C library (musl, macOS)."""
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c"))
-        libc.gnu_get_libc_version  # Only glibc has it (and these mallopt parameters).
-    except (OSError, AttributeError, TypeError):
+        libc.gnu_get_libc_version.restype = ctypes.c_char_p
+        return tuple(int(part) for part in libc.gnu_get_libc_version().decode().split(".")[:2])
+    except (OSError, AttributeError, TypeError, ValueError):
+        return None
+
+
+def _transparent_huge_pages_on_request() -> bool:
+    """Whether the kernel gives transparent huge pages to mappings that ask (mode 'madvise').
+
+    In mode 'always' every large mapping gets them without asking; in 'never' none does.
+    """
+    try:
+        with open(_THP_MODE_FILE, encoding="ascii") as mode_file:
+            return "[madvise]" in mode_file.read()
+    except OSError:
         return False
-    applied = all(
-        libc.mallopt(parameter, value) == 1
-        for parameter, value in ((_M_ARENA_MAX, 1), (_M_MMAP_MAX, 0), (_M_TRIM_THRESHOLD, _NEVER_TRIM))
-    )
-    if not applied:
-        logging.warning("glibc refused a malloc setting: XLA's host buffers are mapped anew at every step.")
-    return applied
+
+
+def huge_page_environment(environ: dict[str, str]) -> dict[str, str] | None:
+    """`environ` with glibc's hugetlb tunable added, or None where it is set or would change nothing."""
+    tunables = environ.get(_TUNABLES_VARIABLE, "")
+    if _HUGE_PAGES_TUNABLE in tunables:  # The user's own choice.
+        return None
+    if not sys.platform.startswith("linux") or not _transparent_huge_pages_on_request():
+        return None
+    version = _glibc_version()
+    if version is None or version < _FIRST_GLIBC_WITH_HUGETLB:
+        return None
+    setting = f"{_HUGE_PAGES_TUNABLE}=1"
+    return {**environ, _TUNABLES_VARIABLE: f"{tunables}:{setting}" if tunables else setting}
+
+
+def restart_with_huge_pages() -> None:
+    """Restarts this process (same PID, same command line) with glibc's hugetlb tunable, if it helps.
+
+    Call it first in an entry point's `if __name__ == "__main__":` block, before any
+    work: the process starts over. Returns without restarting where the tunable is set
+    already (by this restart or by the user), off Linux, with another C library or an
+    older glibc, or where the kernel's transparent huge pages are 'always' or 'never'.
+    """
+    environment = huge_page_environment(dict(os.environ))
+    if environment is None or not getattr(sys, "orig_argv", None):
+        return
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], environment)
