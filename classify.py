@@ -16,8 +16,8 @@ import os
 from absl import app, flags, logging
 from ml_collections import config_flags
 
+from common import host_memory
 from common.errors import UserInputError
-from training import host_memory
 from training.logs import quiet_library_logs
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "The trained run's directory.")
@@ -80,5 +80,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    host_memory.restart_with_huge_pages()  # First: the process starts over.
+    host_memory.restart_with_allocator("huge_pages")  # First: the process may start over.
     app.run(main)

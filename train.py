@@ -18,10 +18,10 @@ import jax
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from common import processes
+from common import host_memory, processes
 from common.errors import TrainingStopped, UserInputError
 from configs.validation import validate_config
-from training import compilation_cache, distributed, host_memory, io_errors, workdir
+from training import compilation_cache, distributed, io_errors, workdir
 from training.logs import quiet_library_logs
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file (configs/*.py).", lock_config=True)
@@ -97,10 +97,12 @@ def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
     config = _CONFIG.value
-    quiet_library_logs()
-    # Before anything compiles (connecting several processes does).
-    compilation_cache.enable(config.get("compilation_cache_dir", ""))
     try:
+        # Before any work: the process may start over here.
+        host_memory.restart_with_allocator(config.get("host_allocator", "huge_pages"))
+        quiet_library_logs()
+        # Before anything compiles (connecting several processes does).
+        compilation_cache.enable(config.get("compilation_cache_dir", ""))
         distributed.initialize(  # Before anything starts a JAX backend (the config check counts devices).
             _COORDINATOR_ADDRESS.value,
             _NUM_PROCESSES.value,
@@ -167,5 +169,4 @@ def _run(config) -> None:
 
 
 if __name__ == "__main__":
-    host_memory.restart_with_huge_pages()  # First: the process starts over.
     app.run(main, flags_parser=_parse_flags)

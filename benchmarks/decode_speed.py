@@ -22,12 +22,13 @@ import numpy as np
 from absl import app, flags
 from ml_collections import config_flags
 
+from common import host_memory
 from common.special_ids import BOS_ID, PAD_ID
 from input_pipeline import batching
 from input_pipeline.corpus import load_corpus
 from models.build import make_model
 from models.decoding import beam_search
-from training import host_memory, sharding
+from training import sharding
 from training.logs import quiet_library_logs
 from training.state import init_params
 
@@ -53,8 +54,9 @@ def _sources(config, workdir: str | None, batch_size: int) -> tuple[np.ndarray, 
 
 def main(argv):
     del argv
-    quiet_library_logs()
     config = _CONFIG.value
+    host_memory.restart_with_allocator(config.host_allocator)  # As train.py runs.
+    quiet_library_logs()
     inputs, vocab_size = _sources(config, _WORKDIR.value, _BATCH_SIZE.value)
     model = make_model(config, vocab_size)
     mesh = sharding.make_mesh()
@@ -111,5 +113,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    host_memory.restart_with_huge_pages()  # As train.py runs.
     app.run(main)

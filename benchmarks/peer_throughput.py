@@ -34,8 +34,9 @@ matmuls in JAX (float32; bfloat16 operands with float32 output), the peaks again
 JAX step's model FLOPs give its MFU (float32 rows against the float32 peak, bfloat16 rows
 against the bfloat16 one).
 
-Both frameworks run with train.py's allocator setting, glibc's large buffers on transparent
-huge pages (training/host_memory.py); `GLIBC_TUNABLES=glibc.malloc.hugetlb=0` runs both without it.
+Both frameworks share the process and its allocator, `--host_allocator` (common/host_memory.py;
+train.py's `config.host_allocator`): 'huge_pages' by default as in train.py, or 'keep_freed',
+the fastest on CPU, or 'glibc'.
 
 Take figures on a quiet machine: PyTorch's OpenMP threads suffer far more than XLA's pool from
 other work on the same cores (measured on 2 cores under a load of ~9: a PyTorch step 3x slower
@@ -56,11 +57,12 @@ import ml_collections
 import numpy as np
 from absl import app, flags
 
+from common import host_memory
 from common.special_ids import BOS_ID, EOS_ID
 from configs import default
 from models.build import make_model
 from models.embeddings import sinusoidal_positions
-from training import compilation_cache, flops, host_memory, sharding
+from training import compilation_cache, flops, sharding
 from training.logs import quiet_library_logs
 from training.loop import configured_train_step, initial_state, state_shardings
 from training.optimizer import make_optimizer
@@ -74,6 +76,9 @@ VARIANTS = {
 }
 
 _VARIANTS = flags.DEFINE_list("variants", list(VARIANTS), f"Rows to measure, of: {', '.join(VARIANTS)}.")
+_HOST_ALLOCATOR = flags.DEFINE_enum(
+    "host_allocator", "huge_pages", host_memory.ALLOCATORS, "How glibc's malloc serves both frameworks' buffers."
+)
 _ROUNDS = flags.DEFINE_integer("rounds", 5, "Timed rounds; each runs every variant in both frameworks.", lower_bound=1)
 _STEPS = flags.DEFINE_integer("steps", 10, "Timed steps per variant, framework and round.", lower_bound=1)
 _WARMUP_STEPS = flags.DEFINE_integer(
@@ -281,7 +286,7 @@ def _report(configs: dict[str, ml_collections.ConfigDict], measured: _Measuremen
     print(
         f"JAX {jax.__version__} ({jax.default_backend()}), PyTorch {torch_module.__version__} "
         f"(default threads: {torch_module.get_num_threads()} intra-op, {torch_module.get_num_interop_threads()} "
-        f"inter-op); {os.cpu_count()} CPUs visible; GLIBC_TUNABLES={os.environ.get('GLIBC_TUNABLES', '')!r}."
+        f"inter-op); {os.cpu_count()} CPUs visible; host allocator {_HOST_ALLOCATOR.value!r}."
     )
     print(
         f"Matmul {_MATMUL_SIZE}^2 in JAX: float32 {peak['float32']:.0f} GFLOP/s, bfloat16 operands -> float32 "
@@ -320,6 +325,7 @@ def _exit_with_error(message: str) -> None:
 
 def main(argv):
     del argv
+    host_memory.restart_with_allocator(_HOST_ALLOCATOR.value)  # Before JAX or PyTorch starts.
     try:
         import torch
     except ImportError:
@@ -335,5 +341,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    host_memory.restart_with_huge_pages()  # As train.py runs; both frameworks share the allocator.
     app.run(main)

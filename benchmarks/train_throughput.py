@@ -28,10 +28,11 @@ import numpy as np
 from absl import app, flags
 from ml_collections import config_flags
 
+from common import host_memory
 from input_pipeline import datasets
 from input_pipeline.corpus import load_corpus
 from models.build import make_model
-from training import compilation_cache, host_memory, sharding, tasks
+from training import compilation_cache, sharding, tasks
 from training.loop import configured_train_step, initial_state, state_shardings
 from training.optimizer import make_optimizer
 from training.translation import TranslationTask
@@ -101,6 +102,7 @@ def _warm_up(runner: dict, num_shapes: int) -> None:
 def main(argv):
     del argv
     config = _CONFIG.value
+    host_memory.restart_with_allocator(config.host_allocator)  # As train.py runs.
     compilation_cache.enable("")  # Compile times as on a cold start.
     mesh = sharding.make_mesh(config.mesh)
     dtypes = _DTYPES.value or [config.model.dtype]
@@ -143,5 +145,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    host_memory.restart_with_huge_pages()  # As train.py runs.
     app.run(main)

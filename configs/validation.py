@@ -6,6 +6,7 @@ import jax
 import ml_collections
 import numpy as np
 
+from common import host_memory
 from common.errors import UserInputError
 from common.mesh_axes import MESH_AXES, logical_rules, mesh_axes_of, mesh_shape
 from input_pipeline.batching import bucket_batch_sizes
@@ -13,6 +14,7 @@ from models.build import make_model
 from models.decoding import decode_length, decoding_memory_bytes
 
 _CHOICES = {
+    "host_allocator": host_memory.ALLOCATORS,
     "model.positional_encoding": ("sinusoidal", "learned", "relative", "rotary"),
     "model.norm_placement": ("post", "pre"),
     "model.dtype": ("float32", "bfloat16"),
@@ -67,6 +69,7 @@ _DEFAULTS = {
     "dataset.packing": True,
     "dataset.num_workers": 0,
     "model.attention_implementation": "auto",
+    "host_allocator": "huge_pages",
     "model.key_dim": 0,
     "model.relative_clip": 16,
     "model.relative_values": False,
