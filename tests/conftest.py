@@ -7,6 +7,8 @@ import sys
 
 import pytest
 
+from common import host_memory
+from configs import default
 from models import TransformerConfig
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -66,9 +68,18 @@ def tiny_config(corpus_dir: str | None = None, **overrides):
     return config
 
 
+DEFAULT_HOST_ALLOCATOR = default.get_config().host_allocator
+
+
 def entry_point_env() -> dict[str, str]:
-    """The environment the entry points run in, in tests: the CPU, quiet TensorFlow."""
-    return dict(os.environ, JAX_PLATFORMS="cpu", CUDA_VISIBLE_DEVICES="", TF_CPP_MIN_LOG_LEVEL="2")
+    """The environment the entry points run in, in tests: the CPU, quiet TensorFlow.
+
+    It is the environment an entry point restarts itself into for the default host allocator
+    (common/host_memory.py), which saves each launch its restart; tests/test_multi_host.py and
+    tests/test_preemption.py launch train.py without it, restart included.
+    """
+    env = dict(os.environ, JAX_PLATFORMS="cpu", CUDA_VISIBLE_DEVICES="", TF_CPP_MIN_LOG_LEVEL="2")
+    return host_memory.allocator_environment(DEFAULT_HOST_ALLOCATOR, env) or env
 
 
 def run_entry_point(script: str, *args: str, stdin: str | bytes | None = None) -> subprocess.CompletedProcess:

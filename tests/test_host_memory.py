@@ -5,7 +5,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import REPO_ROOT
+from conftest import REPO_ROOT, run_entry_point
 
 from common import host_memory
 from common.errors import UserInputError
@@ -147,3 +147,14 @@ def test_no_restart_for_huge_pages_where_they_would_change_nothing(monkeypatch, 
 def test_an_unknown_allocator_names_the_config_field():
     with pytest.raises(UserInputError, match=r"config.host_allocator is 'tcmalloc'; choose one of"):
         host_memory.allocator_environment("tcmalloc", {})
+
+
+def test_train_py_names_an_unknown_allocator_in_one_line(tmp_path):
+    result = run_entry_point(
+        "train.py", "--config=configs/tiny.py", f"--workdir={tmp_path / 'run'}", "--config.host_allocator=tcmalloc"
+    )
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        "error: config.host_allocator is 'tcmalloc'; choose one of ('huge_pages', 'keep_freed', 'glibc')."
+    ]
+    assert not (tmp_path / "run").exists()
