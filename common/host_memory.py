@@ -16,10 +16,11 @@ Three allocators (`config.host_allocator`):
 - 'glibc': glibc's defaults.
 
 Measured on a 2-core AMD EPYC, quiet, in target tokens/s and peak RSS of one process
-(2026-11-23): config R in bfloat16 (benchmarks/peer_throughput.py) 7,151 keep_freed, 5,225
-huge_pages; the quick-start's packed step and stream (benchmarks/train_throughput.py, two runs
-each) 6,157-6,579 and 3.9 GB keep_freed, 5,709-6,573 and 2.0 GB huge_pages, 4,738-5,142 and
-2.0 GB glibc.
+(2026-11-23): config R in bfloat16 (benchmarks/peer_throughput.py, medians of 5 rounds)
+6,680 keep_freed, 6,192 huge_pages; the quick-start's packed step and stream
+(benchmarks/train_throughput.py, two runs each) 6,157-6,579 and 3.9 GB keep_freed,
+5,709-6,245 and 2.0 GB huge_pages, 4,738-5,142 and 2.0 GB glibc. The quick-start's whole
+command with huge_pages: 1.3M minor faults, 2.2 GB peak RSS.
 
 glibc reads its tunables only when a process starts, from GLIBC_TUNABLES, so an entry point
 restarts itself (same PID and command line) with the allocator's tunables set.
