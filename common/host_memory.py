@@ -115,8 +115,8 @@ def restart_with_allocator(allocator: str) -> None:
         UserInputError: `allocator` is not one of ALLOCATORS.
     """
     environment = allocator_environment(allocator, dict(os.environ))
-    if environment is None or not getattr(sys, "orig_argv", None):
-        return
+    if environment is None or not sys.executable or not getattr(sys, "orig_argv", None):
+        return  # Nothing to change, or no way to start this interpreter again (embedded Python).
     sys.stdout.flush()
     sys.stderr.flush()
     os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], environment)
