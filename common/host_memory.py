@@ -91,7 +91,7 @@ def allocator_environment(allocator: str, environ: dict[str, str]) -> dict[str, 
     if current == allocator:
         return None
     users = [tunable for tunable in environ.get(_TUNABLES_VARIABLE, "").split(":") if tunable]
-    for tunable in _TUNABLES[current].split(":"):  # What an earlier restart added.
+    for tunable in _TUNABLES.get(current, "").split(":"):  # What an earlier restart added.
         if tunable in users:
             users.remove(tunable)
     tunables = ":".join(filter(None, [_TUNABLES[allocator], *users]))
