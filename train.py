@@ -99,7 +99,7 @@ def main(argv):
     config = _CONFIG.value
     try:
         # Before any work: the process may start over here.
-        host_memory.restart_with_allocator(config.get("host_allocator", "huge_pages"))
+        host_memory.restart_with_allocator(config.get("host_allocator", host_memory.DEFAULT_ALLOCATOR))
         quiet_library_logs()
         # Before anything compiles (connecting several processes does).
         compilation_cache.enable(config.get("compilation_cache_dir", ""))

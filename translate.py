@@ -106,5 +106,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    host_memory.restart_with_allocator("huge_pages")  # First: the process may start over.
+    host_memory.restart_with_allocator(host_memory.DEFAULT_ALLOCATOR)  # First: the process may start over.
     app.run(main)

@@ -77,7 +77,10 @@ VARIANTS = {
 
 _VARIANTS = flags.DEFINE_list("variants", list(VARIANTS), f"Rows to measure, of: {', '.join(VARIANTS)}.")
 _HOST_ALLOCATOR = flags.DEFINE_enum(
-    "host_allocator", "huge_pages", host_memory.ALLOCATORS, "How glibc's malloc serves both frameworks' buffers."
+    "host_allocator",
+    host_memory.DEFAULT_ALLOCATOR,
+    host_memory.ALLOCATORS,
+    "How glibc's malloc serves both frameworks' buffers.",
 )
 _ROUNDS = flags.DEFINE_integer("rounds", 5, "Timed rounds; each runs every variant in both frameworks.", lower_bound=1)
 _STEPS = flags.DEFINE_integer("steps", 10, "Timed steps per variant, framework and round.", lower_bound=1)

@@ -34,6 +34,7 @@ import sys
 from common.errors import UserInputError
 
 ALLOCATORS = ("huge_pages", "keep_freed", "glibc")
+DEFAULT_ALLOCATOR = "huge_pages"  # config.host_allocator's default; translate.py and classify.py run with it.
 _TUNABLES = {
     "huge_pages": "glibc.malloc.hugetlb=1",
     # A trim threshold of 2^62 bytes: never give the heap's free top back to the kernel.

@@ -14,6 +14,8 @@ with this codebase yet (no accelerator here); the same code runs end to end in
 import ml_collections
 from ml_collections import config_dict
 
+from common import host_memory
+
 
 def get_config() -> ml_collections.ConfigDict:
     """Returns the Transformer-base config."""
@@ -57,7 +59,7 @@ def get_config() -> ml_collections.ConfigDict:
     # How glibc's malloc serves XLA:CPU's per-step buffers (common/host_memory.py): 'huge_pages'
     # (fewer page faults, glibc's memory use), 'keep_freed' (no page faults, fastest on CPU, 2-3x
     # the peak RSS) or 'glibc' (its defaults). Only the host's memory; accelerators are unaffected.
-    config.host_allocator = "huge_pages"
+    config.host_allocator = host_memory.DEFAULT_ALLOCATOR
 
     # The device mesh: data x fsdp x tensor must equal the number of devices;
     # one axis may be -1, taking the devices the others leave.

@@ -69,7 +69,7 @@ _DEFAULTS = {
     "dataset.packing": True,
     "dataset.num_workers": 0,
     "model.attention_implementation": "auto",
-    "host_allocator": "huge_pages",
+    "host_allocator": host_memory.DEFAULT_ALLOCATOR,
     "model.key_dim": 0,
     "model.relative_clip": 16,
     "model.relative_values": False,

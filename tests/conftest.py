@@ -8,7 +8,6 @@ import sys
 import pytest
 
 from common import host_memory
-from configs import default
 from models import TransformerConfig
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -68,9 +67,6 @@ def tiny_config(corpus_dir: str | None = None, **overrides):
     return config
 
 
-DEFAULT_HOST_ALLOCATOR = default.get_config().host_allocator
-
-
 def entry_point_env() -> dict[str, str]:
     """The environment the entry points run in, in tests: the CPU, quiet TensorFlow.
 
@@ -79,7 +75,7 @@ def entry_point_env() -> dict[str, str]:
     tests/test_preemption.py launch train.py without it, restart included.
     """
     env = dict(os.environ, JAX_PLATFORMS="cpu", CUDA_VISIBLE_DEVICES="", TF_CPP_MIN_LOG_LEVEL="2")
-    return host_memory.allocator_environment(DEFAULT_HOST_ALLOCATOR, env) or env
+    return host_memory.allocator_environment(host_memory.DEFAULT_ALLOCATOR, env) or env
 
 
 def run_entry_point(script: str, *args: str, stdin: str | bytes | None = None) -> subprocess.CompletedProcess:
