@@ -8,23 +8,24 @@ The flow, per process (no process holds the corpus's text or all of its ids):
   [p::n]        process p of n keeps every n-th record of the permutation: the processes read disjoint
                 records whose union is the whole epoch, and never touch the others'
   repeat        forever (epoch e is the e-th permutation)
-  tokenize      SentencePiece ids + <eos> of each side (each worker loads the tokenizer from its model file)
-  filter        pairs with a side longer than max_length are left out
-  pack          several pairs per row of max_length (grain's first-fit packing), with segment ids 1, 2, ... and
-                positions restarting in each segment; without packing, one pair per row, padded
-  batch         this process's rows of the global batch: ONE shape, [rows, max_length], so the step compiles once
+  chunk         CHUNK_RECORDS records at a time, each chunk read and tokenized in one call (SentencePiece ids +
+                <eos> of each side; each worker loads the tokenizer from its model file)
+  batch         input_pipeline/row_packing.py: pairs with a side longer than max_length are left out; the others
+                are packed first-fit into this process's rows of the global batch, [rows, max_length], with
+                segment ids 1, 2, ... and positions restarting in each segment (without packing, one pair per
+                row, padded): ONE shape, so the step compiles once
   prefetch      a background thread (or `num_workers` processes that each run the pipeline on every
-                num_workers-th record of the permutation), so that the next batches are made while the
+                num_workers-th chunk of the permutation), so that the next batches are made while the
                 device runs the step
 
 A batch (packed) is {'inputs', 'targets', 'inputs_segment_ids', 'targets_segment_ids', 'inputs_positions',
-'targets_positions'}, each [rows, max_length] int32 (the contract in ISSUE9.md; unpacked, only the first two).
-Segment k of an inputs row is the source of segment k of the targets row.
+'targets_positions'}, each [rows, max_length] int32 (unpacked, only the first two). Segment k of an inputs
+row is the source of segment k of the targets row.
 
-The position in the stream is grain's iterator state (a small JSON dict: the record index reached, the
-packer's row); `TrainStream.get_state` wraps it with what it is only valid for (process count, workers), and
-the checkpoint keeps it per process (training/checkpointing.py). Restoring it continues with exactly the
-batch that came next. Resuming where it does not fit, see `TrainStream.__init__`.
+The position in the stream is grain's iterator state (a small JSON dict: the chunk of records reached and
+the next pair in it); `TrainStream.get_state` wraps it with what it is only valid for (process count,
+workers, chunk size), and the checkpoint keeps it per process (training/checkpointing.py). Restoring it
+continues with exactly the batch that came next. Resuming where it does not fit, see `TrainStream.__init__`.
 """
 
 import json
@@ -37,18 +38,18 @@ import sentencepiece as spm
 from absl import logging
 
 from common.errors import UserInputError
-from common.special_ids import EOS_ID, PAD_ID
+from common.special_ids import EOS_ID
+from input_pipeline.row_packing import RowBatchIterDataset
 from input_pipeline.tokenizer import load_tokenizer
 
 Batch = dict[str, np.ndarray]
 # Batches made ahead of the step by the prefetch thread (or each worker process).
 _PREFETCH_BATCHES = 2
-# Records tokenized ahead by the threads of the map stage (in-process prefetch only).
+# Records read and tokenized in one call (about one quick-start batch of pairs), and chunks made
+# ahead by the threads of that stage (in-process prefetch only).
+CHUNK_RECORDS = 256
 _MAP_THREADS = 2
-_MAP_BUFFER = 256
-# Measured on the bundled corpus (quick-start rows): first-fit fills rows as well as best-fit (97.4% vs 97.5%
-# real target tokens), and is the simpler of the two.
-_PACKER = grain.experimental.FirstFitPackIterDataset
+_MAP_BUFFER_CHUNKS = 4
 
 
 class TokenizePair(grain.transforms.Map):
@@ -73,37 +74,14 @@ class TokenizePair(grain.transforms.Map):
         return {"inputs": np.array(source + [EOS_ID], np.int32), "targets": np.array(target + [EOS_ID], np.int32)}
 
 
-class FitsLength(grain.transforms.Filter):
-    """Keeps the pairs whose sides both have at most `max_length` ids (with <eos>).
+class TokenizeChunk(grain.transforms.Map):
+    """A chunk of records -> its pairs, [(source ids, target ids)], as `TokenizePair` makes them."""
 
-    Raises UserInputError once `give_up_after` pairs in a row did not fit (a whole epoch's share:
-    none fits), where the stream would otherwise search forever.
-    """
+    def __init__(self, tokenizer_path: str, source_lang: str, target_lang: str):
+        self._tokenize = TokenizePair(tokenizer_path, source_lang, target_lang)
 
-    def __init__(self, max_length: int, give_up_after: int | None = None):
-        self._max_length = max_length
-        self._give_up_after = give_up_after
-        self._misfits_in_a_row = 0
-
-    def filter(self, pair: dict[str, np.ndarray]) -> bool:
-        fits = len(pair["inputs"]) <= self._max_length and len(pair["targets"]) <= self._max_length
-        self._misfits_in_a_row = 0 if fits else self._misfits_in_a_row + 1
-        if self._give_up_after is not None and self._misfits_in_a_row >= self._give_up_after:
-            raise UserInputError(
-                f"No training pair fits config.dataset.max_length={self._max_length} (the last "
-                f"{self._misfits_in_a_row} pairs read were all longer); raise it."
-            )
-        return fits
-
-
-class PadPair(grain.transforms.Map):
-    """One pair per row: each side padded with PAD_ID to [max_length] (the batch without packing)."""
-
-    def __init__(self, max_length: int):
-        self._max_length = max_length
-
-    def map(self, pair: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        return {key: np.pad(ids, (0, self._max_length - len(ids)), constant_values=PAD_ID) for key, ids in pair.items()}
+    def map(self, records: list[dict[str, Any]]) -> list[tuple[np.ndarray, np.ndarray]]:
+        return [(pair["inputs"], pair["targets"]) for pair in map(self._tokenize.map, records)]
 
 
 def _text(value: Any) -> str:
@@ -145,9 +123,9 @@ def train_dataset(
         seed: the shuffle's seed (each epoch folds in its number).
         packing: several pairs per row (first-fit) with segment ids and positions; else one pair per row.
         process_index, process_count: this process's share of the records.
-        num_workers: 0: tokenize in threads of this process, and pack and batch in a background
+        num_workers: 0: read and tokenize in threads of this process, and pack in a background
             thread; > 0: that many worker processes run the whole pipeline (each on every
-            num_workers-th record), their batches interleaved in turn.
+            num_workers-th chunk of records), their batches interleaved in turn.
 
     Returns:
         A grain.IterDataset of batches: {'inputs', 'targets'} and, with packing, the segment ids and
@@ -155,22 +133,11 @@ def train_dataset(
     """
     dataset = process_records(records, seed, process_index, process_count)
     share = max(1, len(records) // process_count)
-    dataset = dataset.map(TokenizePair(tokenizer_path, source_lang, target_lang))
-    dataset = dataset.filter(FitsLength(max_length, give_up_after=share))
-    if not packing:
-        dataset = dataset.map(PadPair(max_length))
-    read = grain.ReadOptions(num_threads=_MAP_THREADS, prefetch_buffer_size=_MAP_BUFFER)
+    # Chunks of records, read and tokenized in one call each: grain's per-element costs are paid per chunk.
+    dataset = dataset.batch(CHUNK_RECORDS, batch_fn=list).map(TokenizeChunk(tokenizer_path, source_lang, target_lang))
+    read = grain.ReadOptions(num_threads=_MAP_THREADS, prefetch_buffer_size=_MAP_BUFFER_CHUNKS)
     dataset = dataset.to_iter_dataset(read if num_workers == 0 else None)
-    if packing:
-        # One packing round per batch (as many bins as rows): the position at a batch boundary is a
-        # record index alone, so a resumed run with other batch sizes goes on from the same record.
-        dataset = _PACKER(
-            dataset,
-            length_struct={"inputs": max_length, "targets": max_length},
-            num_packing_bins=rows,
-            shuffle_bins=False,  # The records are shuffled already.
-        )
-    dataset = dataset.batch(rows, drop_remainder=True)
+    dataset = RowBatchIterDataset(dataset, max_length=max_length, rows=rows, packing=packing, give_up_after=share)
     if num_workers > 0:
         options = grain.MultiprocessingOptions(num_workers=num_workers, per_worker_buffer_size=_PREFETCH_BATCHES)
         return dataset.mp_prefetch(options)
@@ -185,16 +152,17 @@ def fold_seed(seed: int, step: int) -> int:
 class TrainStream:
     """The training batches of `train_dataset` with a position to checkpoint and restore.
 
-    The position (`get_state`) is only valid for the same records, process count and number of workers
-    (it carries its shuffle seed); batch size and max_length may change (the stream goes on from the same
-    record). Resuming:
+    The position (`get_state`) is only valid for the same records, process count, number of workers and
+    chunk size (it carries its shuffle seed); batch size and max_length may change (the stream goes on from
+    the same pair). Resuming:
 
     - with this process's saved position (same processes and workers): exactly the batch that came next;
-      on another number of devices (other `rows`), the batches from the same record on, of the new size
+      on another number of devices (other `rows`), the batches from the same pair on, of the new size
       (no record skipped or repeated, but grouped into other batches).
     - without a usable position (`state` None at a step > 0, or one saved for another process count,
-      another `num_workers` or other records: a checkpoint saved by another number of processes hands
-      on the first process's, by an earlier version a bucketed one): a warning, and a fresh stream
+      another `num_workers`, other records or another chunk size: a checkpoint saved by another number of
+      processes hands on the first process's, by an earlier version a bucketed one or one of grain's
+      packer): a warning, and a fresh stream
       shuffled with the seed folded with the step (`fold_seed`), the same in every process. Records
       seen since the last epoch boundary may come again sooner than a full epoch later.
     """
@@ -211,6 +179,7 @@ class TrainStream:
             "process_count": options.get("process_count", 1),
             "num_workers": options.get("num_workers", 0),
             "records": len(records),
+            "chunk_records": CHUNK_RECORDS,
         }
         saved = None if state is None else state.get("stream", {})
         resume = step > 0 and saved is not None and {key: saved.get(key) for key in fits} == fits

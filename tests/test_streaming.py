@@ -62,10 +62,13 @@ def _expected_pairs(corpus, seed: int, process_index: int = 0, process_count: in
     """The tokenized, length-filtered pairs of a process's record stream, in order (first six epochs)."""
     records, path = corpus
     tokenize = streaming.TokenizePair(path, "en", "de")
-    fits = streaming.FitsLength(MAX_LENGTH)
     share = streaming.process_records(records, seed, process_index, process_count)
     pairs = [tokenize.map(share[i]) for i in range(6 * (len(records) // process_count))]
-    return [(tuple(p["inputs"].tolist()), tuple(p["targets"].tolist())) for p in pairs if fits.filter(p)]
+    return [
+        (tuple(p["inputs"].tolist()), tuple(p["targets"].tolist()))
+        for p in pairs
+        if len(p["inputs"]) <= MAX_LENGTH and len(p["targets"]) <= MAX_LENGTH
+    ]
 
 
 def test_shuffle_covers_every_record_once_per_epoch_and_differs_per_epoch():
@@ -129,6 +132,26 @@ def test_packed_rows_hold_whole_pairs_with_segment_ids_and_positions(corpus):
     expected = _expected_pairs(corpus, seed=3)
     assert collections.Counter(got) == collections.Counter(expected[: len(got)])
     assert len(expected) > len(got) > len(batches) * ROWS  # Packing puts several pairs in a row.
+
+
+def test_rows_are_packed_as_grains_first_fit_packs_them(corpus):
+    """The stream's packer (input_pipeline/row_packing.py) writes grain's first-fit batches, array for array."""
+    stream = _stream(corpus)
+    batches = _take(stream, 20)  # Past chunk boundaries (256 records) and epochs (150 records).
+    stream.close()
+    pairs = [{"inputs": np.array(s, np.int32), "targets": np.array(t, np.int32)} for s, t in _expected_pairs(corpus, 3)]
+    grain_batches = grain.experimental.FirstFitPackIterDataset(
+        grain.MapDataset.source(pairs).to_iter_dataset(),
+        length_struct={"inputs": MAX_LENGTH, "targets": MAX_LENGTH},
+        num_packing_bins=ROWS,
+        shuffle_bins=False,
+    ).batch(ROWS, drop_remainder=True)
+    grain_batches = [batch for batch, _ in zip(grain_batches, range(len(batches)))]
+    assert len(grain_batches) == len(batches)
+    for ours, grains in zip(batches, grain_batches):
+        assert ours.keys() == grains.keys()
+        for key in ours:
+            np.testing.assert_array_equal(ours[key], grains[key], err_msg=key)
 
 
 def test_unpacked_rows_hold_one_padded_pair(corpus):
