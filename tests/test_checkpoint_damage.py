@@ -447,10 +447,10 @@ def test_cli_falls_back_past_a_damaged_latest_step(small_corpus, tmp_path):
 
 def test_data_position_is_kept_per_process_and_a_missing_one_is_the_first_processes_with_a_warning(tmp_path, caplog):
     workdir = str(tmp_path / "run")
-    position = {"stream": {"process_count": 1, "seed": 3}, "grain": {"parent": {"next_index": 17}, "next_row": 0}}
+    position = {"stream": {"process_count": 1, "seed": 3}, "grain": {"parent": {"next_index": 17}, "offset": 0}}
     checkpointer = Checkpointer(workdir)
     checkpointer.save(_state(1), position)
-    checkpointer.save(_state(2), {**position, "grain": {"parent": {"next_index": 29}, "next_row": 0}})
+    checkpointer.save(_state(2), {**position, "grain": {"parent": {"next_index": 29}, "offset": 0}})
     checkpointer.wait_until_finished()
     data_dir = os.path.join(checkpoint_dir(workdir), "1", "data")
     assert os.path.isfile(os.path.join(data_dir, "process_0-of-1.json"))
