@@ -142,7 +142,7 @@ def validate_config(config: ml_collections.ConfigDict, num_devices: int | None =
     workers = _get(config, "dataset.num_workers")
     if not isinstance(workers, int) or isinstance(workers, bool) or workers < 0:
         raise UserInputError(
-            f"config.dataset.num_workers is {workers!r}; it must be 0 (threads in the training process) "
+            f"config.dataset.num_workers is {workers!r}; it must be 0 (a background thread of the training process) "
             "or a number of worker processes."
         )
     if config.eval.num_bleu_sentences < 0:

@@ -250,7 +250,7 @@ class TrainBatches(Iterator[dict[str, np.ndarray]]):
         self.state = IteratorState(**state)
 
     def close(self) -> None:
-        """Nothing to stop (the stream of translation has threads to stop)."""
+        """Nothing to stop (the stream of translation has a thread or worker processes to stop)."""
 
     def __next__(self) -> dict[str, np.ndarray]:
         if self._next >= len(self._batches):

