@@ -265,3 +265,33 @@ def test_workers_make_the_same_stream_on_every_run_and_restore(corpus):
     assert _pairs(_take(restored, 3)) == _pairs(more)
     restored.close()
     assert os.path.exists(corpus[1])
+
+
+def test_unpacked_row_batches_restore_where_a_batch_ends_a_chunk():
+    """A position saved where a batch used up its chunk (offset == chunk length) restores to the next chunk.
+
+    Only unpacked batches end there: a packed batch ends at a pair that did not fit, read already.
+    """
+    from input_pipeline.row_packing import RowBatchIterDataset
+
+    rng = np.random.default_rng(0)
+    lengths = rng.integers(1, 9, (48, 2))
+    pairs = [(rng.integers(4, 50, n).astype(np.int32), rng.integers(4, 50, m).astype(np.int32)) for n, m in lengths]
+    chunks = [pairs[i : i + 4] for i in range(0, len(pairs), 4)]  # A batch of 4 rows takes one chunk.
+    dataset = RowBatchIterDataset(
+        grain.MapDataset.source(chunks).repeat().to_iter_dataset(), max_length=8, rows=4, packing=False
+    )
+    reference = iter(dataset)
+    expected = [next(reference) for _ in range(8)]
+    for saved_after in (1, 3):
+        interrupted = iter(dataset)
+        for _ in range(saved_after):
+            next(interrupted)
+        state = json.loads(json.dumps(interrupted.get_state()))
+        assert state["offset"] == 4  # The chunk is used up, the next one not yet read.
+        restored = iter(dataset)
+        restored.set_state(state)
+        for want in expected[saved_after:]:
+            got = next(restored)
+            for key in want:
+                np.testing.assert_array_equal(got[key], want[key], err_msg=key)
