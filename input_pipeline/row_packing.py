@@ -31,6 +31,8 @@ from common.special_ids import PAD_ID
 
 # A pair: (source ids, target ids), each ending in <eos>.
 Pair = tuple[Sequence[int], Sequence[int]]
+# Where a pair goes: (row, its segment number in the row, where each side starts in the row).
+Placement = tuple[int, int, tuple[int, int]]
 _SIDES = ("inputs", "targets")
 
 
@@ -105,21 +107,23 @@ class _RowBatchIterator(grain.DatasetIterator):
 
     def __next__(self) -> dict[str, np.ndarray]:
         rows, length = self._rows, self._max_length
-        # Free positions per row and side; a row takes a pair where both sides fit.
-        free = np.full((2, rows), length, np.int64)
-        placed: list[tuple[int, Pair]] = []
+        # Positions used per side and row, and segments per row; a row takes a pair where both sides fit.
+        used = np.zeros((2, rows), np.int64)
+        segments = np.zeros(rows, np.int64)
+        placed: list[tuple[Placement, Pair]] = []
         while True:
             pair = self._next_pair()
             if self._packing:
-                fitting = np.flatnonzero((free[0] >= len(pair[0])) & (free[1] >= len(pair[1])))
+                fitting = np.flatnonzero((used[0] + len(pair[0]) <= length) & (used[1] + len(pair[1]) <= length))
                 if not fitting.size:
                     break  # The pair opens the next batch.
                 row = int(fitting[0])
-                free[0, row] -= len(pair[0])
-                free[1, row] -= len(pair[1])
             else:
                 row = len(placed)
-            placed.append((row, pair))
+            segments[row] += 1
+            placed.append(((row, int(segments[row]), (int(used[0, row]), int(used[1, row]))), pair))
+            used[0, row] += len(pair[0])
+            used[1, row] += len(pair[1])
             self._offset += 1
             if not self._packing and len(placed) == rows:
                 break
@@ -127,25 +131,20 @@ class _RowBatchIterator(grain.DatasetIterator):
 
 
 def _write_rows(
-    placed: list[tuple[int, Pair]], rows: int, length: int, *, with_segments: bool
+    placed: list[tuple[Placement, Pair]], rows: int, length: int, *, with_segments: bool
 ) -> dict[str, np.ndarray]:
-    """The batch arrays of pairs placed in rows, in order: each row's pairs one after another."""
+    """The batch arrays of pairs written where they were placed."""
     batch = {side: np.full((rows, length), PAD_ID, np.int32) for side in _SIDES}
     if with_segments:
         for side in _SIDES:
             batch[f"{side}_segment_ids"] = np.zeros((rows, length), np.int32)
             batch[f"{side}_positions"] = np.zeros((rows, length), np.int32)
     positions = np.arange(length, dtype=np.int32)
-    used = np.zeros((2, rows), np.int64)
-    segments = np.zeros(rows, np.int32)
-    for row, pair in placed:
-        segments[row] += 1
-        for index, (side, ids) in enumerate(zip(_SIDES, pair)):
-            start = used[index, row]
+    for (row, segment, starts), pair in placed:
+        for side, start, ids in zip(_SIDES, starts, pair):
             end = start + len(ids)
             batch[side][row, start:end] = ids
             if with_segments:
-                batch[f"{side}_segment_ids"][row, start:end] = segments[row]
+                batch[f"{side}_segment_ids"][row, start:end] = segment
                 batch[f"{side}_positions"][row, start:end] = positions[: len(ids)]
-            used[index, row] = end
     return batch
