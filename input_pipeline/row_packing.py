@@ -5,7 +5,7 @@ the stream's CPU time is taken from the train step on a 2-core machine. Fed one 
 `grain.experimental.FirstFitPackIterDataset` and its per-element bookkeeping made the
 quick-start's pipeline cost ~57 ms of CPU per 64-row batch (~200 µs a pair, measured on the
 2-core AMD EPYC, 2026-11-23); chunks of pairs, the loop below and one thread bring it to
-~16 ms, most of it reading and tokenizing.
+16-20 ms, most of it reading and tokenizing.
 
 The packing is grain's first fit, row for row: each pair goes into the first row where both
 of its sides still fit; the first pair that fits no row closes the batch and opens the next.
