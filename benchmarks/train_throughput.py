@@ -14,11 +14,17 @@ For each (batching, dtype), in one process:
 Each variant first compiles its step shapes (compile time: the first calls minus ordinary
 steps), then runs `--steps` steps per round; variants alternate in rounds so that a noisy
 neighbour affects all alike. A step is timed from asking for its batch to having its metrics,
-so a data pipeline that cannot keep up (or takes the device's CPU) shows. Reported: real
-(non-pad) target tokens/s of each round (its tokens over its seconds: buckets of different
-lengths average out), the median over rounds, and the real share of the target positions.
+so a data pipeline that cannot keep up (or takes the device's CPU) shows. Reported per variant:
+real (non-pad) target tokens/s of each round (its tokens over its seconds: buckets of different
+lengths average out) and their median over rounds, the real share of the target positions, the
+step time per target position (median over rounds: tokens/s = real share / time per position,
+so a ratio of two rows splits into what padding and what the step's cost per position made of
+it), and the process's kernel CPU time per step (mostly faulting in the step's fresh buffers; see
+common/host_memory.py). Then, per step shape, the median step time and its cost per position.
 """
 
+import collections
+import resource
 import statistics
 import tempfile
 import time
@@ -117,31 +123,61 @@ def main(argv):
         for (batching, _), runner in runners.items():
             _warm_up(runner, 1 if batching == "packed" else len(config.dataset.bucket_boundaries))
         timed = {variant: [] for variant in runners}  # Per round: its steps' results.
+        kernel_seconds = dict.fromkeys(runners, 0.0)
         for _ in range(_ROUNDS.value):
             for variant, runner in runners.items():
+                before = resource.getrusage(resource.RUSAGE_SELF).ru_stime
                 timed[variant].append(_run_steps(runner, _STEPS.value))
+                kernel_seconds[variant] += resource.getrusage(resource.RUSAGE_SELF).ru_stime - before
         for runner in runners.values():
             runner["batches"].close()
 
+    _report(runners, timed, kernel_seconds)
+
+
+def _report(runners: dict, timed: dict, kernel_seconds: dict) -> None:
+    """Prints each variant's figures, then each step shape's (see the module docstring)."""
     print(
-        f"{'batches':<9} {'dtype':<9} {'shapes':>6} {'compile s':>9} {'real tgt tok/s':>14} {'real share':>10}  "
-        f"(median of {_ROUNDS.value} rounds of {_STEPS.value} steps)"
+        f"{'batches':<9} {'dtype':<9} {'shapes':>6} {'compile s':>9} {'real tgt tok/s':>14} {'real share':>10} "
+        f"{'us/position':>11} {'kernel s/step':>13}  (median of {_ROUNDS.value} rounds of {_STEPS.value} steps)"
     )
     baseline = None
-    for (batching, dtype), rounds in timed.items():
-        runner = runners[(batching, dtype)]
+    for variant, rounds in timed.items():
+        batching, dtype = variant
+        runner = runners[variant]
         results = [result for round_results in rounds for result in round_results]
         seconds = [s for s, _, _, _ in results]
         tokens_per_second = statistics.median(
             sum(t for _, t, _, _ in round_results) / sum(s for s, _, _, _ in round_results) for round_results in rounds
         )
+        seconds_per_position = statistics.median(
+            sum(s for s, _, _, _ in round_results) / sum(p for _, _, p, _ in round_results) for round_results in rounds
+        )
         real_share = sum(t for _, t, _, _ in results) / sum(p for _, _, p, _ in results)
         compile_seconds = runner["first_calls"] - len(runner["shapes"]) * statistics.median(seconds)
+        kernel_per_step = kernel_seconds[variant] / len(results)
         baseline = baseline or tokens_per_second
         print(
             f"{batching:<9} {dtype:<9} {len(runner['shapes']):>6} {compile_seconds:>9.1f} {tokens_per_second:>14.0f} "
-            f"{real_share:>10.1%}  {tokens_per_second / baseline:.2f}x the first row"
+            f"{real_share:>10.1%} {seconds_per_position * 1e6:>11.1f} {kernel_per_step:>13.2f}  "
+            f"{tokens_per_second / baseline:.2f}x the first row"
         )
+    print()
+    print(
+        f"{'batches':<9} {'dtype':<9} {'shape':>10} {'steps':>5} {'median ms':>9} {'us/position':>11} "
+        f"{'real share':>10}"
+    )
+    for (batching, dtype), rounds in timed.items():
+        by_shape = collections.defaultdict(list)
+        for seconds, tokens, positions, shape in (result for round_results in rounds for result in round_results):
+            by_shape[shape].append((seconds, tokens, positions))
+        for shape, steps in sorted(by_shape.items(), key=lambda item: item[0][1]):
+            median_seconds = statistics.median(s for s, _, _ in steps)
+            real_share = sum(t for _, t, _ in steps) / sum(p for _, _, p in steps)
+            print(
+                f"{batching:<9} {dtype:<9} {'x'.join(map(str, shape)):>10} {len(steps):>5} "
+                f"{median_seconds * 1e3:>9.0f} {median_seconds / steps[0][2] * 1e6:>11.1f} {real_share:>10.1%}"
+            )
 
 
 if __name__ == "__main__":
