@@ -19,8 +19,9 @@ real (non-pad) target tokens/s of each round (its tokens over its seconds: bucke
 lengths average out) and their median over rounds, the real share of the target positions, the
 step time per target position (median over rounds: tokens/s = real share / time per position,
 so a ratio of two rows splits into what padding and what the step's cost per position made of
-it), and the process's kernel CPU time per step (mostly faulting in the step's fresh buffers; see
-common/host_memory.py). Then, per step shape, the median step time and its cost per position.
+it), and the process's kernel CPU time per step (faulting in the step's fresh buffers, see
+common/host_memory.py, and on a shared VM occasional longer stalls). Then, per step shape, the
+median step time and its cost per position.
 """
 
 import collections
