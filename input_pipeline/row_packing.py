@@ -80,6 +80,10 @@ class _RowBatchIterator(grain.DatasetIterator):
         self._offset = 0  # The next pair: _chunk[_offset].
 
     def get_state(self) -> dict[str, Any]:
+        if self._offset >= len(self._chunk):
+            # The chunk is used up (an unpacked batch can end with it): name the next one, so
+            # that a restore does not read and tokenize a chunk only to skip it.
+            return {"parent": self._parent.get_state(), "offset": 0}
         return {"parent": self._chunk_state, "offset": self._offset}
 
     def set_state(self, state: dict[str, Any]) -> None:

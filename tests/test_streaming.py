@@ -268,7 +268,7 @@ def test_workers_make_the_same_stream_on_every_run_and_restore(corpus):
 
 
 def test_unpacked_row_batches_restore_where_a_batch_ends_a_chunk():
-    """A position saved where a batch used up its chunk (offset == chunk length) restores to the next chunk.
+    """A position saved where a batch used up its chunk names the next chunk, which a restore reads first.
 
     Only unpacked batches end there: a packed batch ends at a pair that did not fit, read already.
     """
@@ -278,9 +278,15 @@ def test_unpacked_row_batches_restore_where_a_batch_ends_a_chunk():
     lengths = rng.integers(1, 9, (48, 2))
     pairs = [(rng.integers(4, 50, n).astype(np.int32), rng.integers(4, 50, m).astype(np.int32)) for n, m in lengths]
     chunks = [pairs[i : i + 4] for i in range(0, len(pairs), 4)]  # A batch of 4 rows takes one chunk.
-    dataset = RowBatchIterDataset(
-        grain.MapDataset.source(chunks).repeat().to_iter_dataset(), max_length=8, rows=4, packing=False
-    )
+    chunks_read = []  # Indices of the chunks the batches were made from, in the order read.
+
+    def read_chunk(index: int) -> list:
+        chunks_read.append(index)
+        return chunks[index]
+
+    chunk_stream = grain.MapDataset.source(range(len(chunks))).repeat().map(read_chunk)
+    no_read_ahead = grain.ReadOptions(num_threads=0, prefetch_buffer_size=0)
+    dataset = RowBatchIterDataset(chunk_stream.to_iter_dataset(no_read_ahead), max_length=8, rows=4, packing=False)
     reference = iter(dataset)
     expected = [next(reference) for _ in range(8)]
     for saved_after in (1, 3):
@@ -288,9 +294,11 @@ def test_unpacked_row_batches_restore_where_a_batch_ends_a_chunk():
         for _ in range(saved_after):
             next(interrupted)
         state = json.loads(json.dumps(interrupted.get_state()))
-        assert state["offset"] == 4  # The chunk is used up, the next one not yet read.
+        assert state["offset"] == 0  # The chunk is used up: the position is the next one's start.
         restored = iter(dataset)
+        chunks_read.clear()
         restored.set_state(state)
+        assert chunks_read == [saved_after]  # The next chunk, not the used-up one again.
         for want in expected[saved_after:]:
             got = next(restored)
             for key in want:
