@@ -24,7 +24,7 @@ from conftest import REPO_ROOT, entry_point_env
 from common.errors import UserInputError
 from configs.sweeps import Paper, Variant, config_for, table3
 from configs.validation import validate_config
-from training import metric_log, sweep, sweep_report
+from training import metric_log, sweep, sweep_plots, sweep_report
 
 _STEPS = 40
 
@@ -242,6 +242,14 @@ def test_results_are_the_mean_and_std_of_the_runs_scores(swept):
 
 
 # Fast tests of the pieces.
+
+
+def test_valid_curves_mark_evaluation_steps_on_the_x_axis():
+    assert sweep_plots.evaluation_ticks([300, 600, 900]) == [300, 600, 900]
+    many = list(range(250, 10_001, 250))  # 40 evaluations.
+    ticks = sweep_plots.evaluation_ticks(many)
+    assert len(ticks) <= 12 and set(ticks) <= set(many) and ticks[-1] == 10_000
+    assert len(set(np.diff(ticks))) == 1  # Evenly spaced.
 
 
 def test_estimate_is_the_mean_and_sample_std_of_the_values_present():

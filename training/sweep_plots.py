@@ -52,11 +52,13 @@ def valid_curves(path: str, summaries: Sequence[VariantSummary]) -> None:
     axes = figure.add_subplot()
     tab20 = colormaps["tab20"]
     colors = [tab20(i) for i in range(0, 20, 2)] + [tab20(i) for i in range(1, 20, 2)]  # Strong shades first.
-    if summaries[0].results:  # The base: thick and black, first in the legend.
-        axes.plot(*_mean_curve(summaries[0]), label=_label(summaries[0]), color="black", linewidth=2.4, marker="o")
+    curves = {s.variant.name: _mean_curve(s) for s in summaries if s.results}
+    base = summaries[0]
+    if base.results:  # The base: thick and black, first in the legend.
+        axes.plot(*curves[base.variant.name], label=_label(base), color="black", linewidth=2.4, marker="o")
     for index, s in enumerate(s for s in summaries[1:] if s.results):
         axes.plot(
-            *_mean_curve(s),
+            *curves[s.variant.name],
             label=_label(s),
             color=colors[index % len(colors)],
             linestyle="-" if index < len(colors) else "--",
@@ -67,7 +69,7 @@ def valid_curves(path: str, summaries: Sequence[VariantSummary]) -> None:
     axes.set_yscale("log")
     axes.yaxis.set_major_formatter(ticker.FuncFormatter(lambda value, _: f"{value:g}"))
     axes.yaxis.set_minor_formatter(ticker.FuncFormatter(_label_2_3_and_5))
-    axes.xaxis.set_major_locator(ticker.MaxNLocator(integer=True))
+    axes.set_xticks(evaluation_ticks(sorted({step for steps, _ in curves.values() for step in steps})))
     axes.set_xlabel("training step")
     axes.set_ylabel("validation perplexity (mean over seeds, log scale)")
     axes.set_title("Validation perplexity during training", fontsize=11)
@@ -75,6 +77,12 @@ def valid_curves(path: str, summaries: Sequence[VariantSummary]) -> None:
     axes.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
     figure.tight_layout()
     figure.savefig(path)
+
+
+def evaluation_ticks(steps: Sequence[int], max_ticks: int = 12) -> list[int]:
+    """The steps to mark on the x axis: the evaluation steps, every k-th one (the last always) if there are many."""
+    every = max(1, -(-len(steps) // max_ticks))  # Ceiling division; no steps give no ticks.
+    return list(steps[::-1][::every][::-1])
 
 
 def _label_2_3_and_5(value: float, _) -> str:
