@@ -40,8 +40,8 @@ class RowBatchIterDataset(grain.IterDataset):
     """Batches of `rows` rows of `max_length` from a stream of lists of pairs (the module docstring).
 
     Pairs with a side longer than `max_length` are left out; once `give_up_after` pairs in a
-    row were left out (a whole epoch's share: none fits), UserInputError, where the stream would
-    otherwise search forever.
+    row were left out (the caller makes it a run that holds a whole epoch: none fits),
+    UserInputError, where the stream would otherwise search forever.
     """
 
     def __init__(

@@ -94,7 +94,10 @@ def process_records(records: Sequence[dict], seed: int, process_index: int, proc
     Epoch e is a permutation of all records from (seed, e); the processes' shares of it are disjoint and
     together hold every record once. Only the records indexed are ever read.
     """
-    return grain.MapDataset.source(records).shuffle(seed=seed)[process_index::process_count].repeat()
+    # grain seeds epoch e's permutation with its seed + e: seeds s and s + 1 given as they are would
+    # share every epoch's order but one, shifted by an epoch (a sweep's seeds would not be independent).
+    shuffle_seed = int(np.random.SeedSequence(seed).generate_state(1)[0])
+    return grain.MapDataset.source(records).shuffle(seed=shuffle_seed)[process_index::process_count].repeat()
 
 
 def train_dataset(
@@ -119,7 +122,7 @@ def train_dataset(
         source_lang, target_lang: the record keys of the two sides.
         max_length: the row length; pairs with a longer side are left out.
         rows: this process's rows of each global batch.
-        seed: the shuffle's seed (each epoch folds in its number).
+        seed: the shuffle's seed (hashed, then each epoch adds its number).
         packing: several pairs per row (first-fit) with segment ids and positions; else one pair per row.
         process_index, process_count: this process's share of the records.
         num_workers: 0: read, tokenize and pack in a background thread of this process; > 0: that
@@ -131,11 +134,15 @@ def train_dataset(
         positions of both sides, each [rows, max_length] int32.
     """
     dataset = process_records(records, seed, process_index, process_count)
-    share = max(1, len(records) // process_count)
+    # Misfits in a row before giving up: two epochs' share holds one whole epoch of it, where a run of
+    # one share could straddle two epochs' permutations and miss the few pairs that fit.
+    give_up_after = 2 * max(1, len(records) // process_count)
     # Chunks of records, read and tokenized in one call each: grain's per-element costs are paid per chunk.
     dataset = dataset.batch(CHUNK_RECORDS, batch_fn=list).map(TokenizeChunk(tokenizer_path, source_lang, target_lang))
     dataset = dataset.to_iter_dataset(grain.ReadOptions(num_threads=0, prefetch_buffer_size=0))
-    dataset = RowBatchIterDataset(dataset, max_length=max_length, rows=rows, packing=packing, give_up_after=share)
+    dataset = RowBatchIterDataset(
+        dataset, max_length=max_length, rows=rows, packing=packing, give_up_after=give_up_after
+    )
     if num_workers > 0:
         options = grain.MultiprocessingOptions(num_workers=num_workers, per_worker_buffer_size=_PREFETCH_BATCHES)
         return dataset.mp_prefetch(options)
@@ -169,12 +176,18 @@ class TrainStream:
         """`options`: the keyword arguments of `train_dataset` other than records and seed.
 
         Raises:
-            UserInputError: `records` is empty.
+            UserInputError: `records` is empty or holds fewer records than there are processes.
         """
         if not len(records):
             raise UserInputError("The training split holds no pairs.")
+        process_count = options.get("process_count", 1)
+        if len(records) < process_count:
+            raise UserInputError(
+                f"The training split holds {len(records)} pairs, fewer than the {process_count} processes that "
+                "read it (each reads its own share): train on more pairs or with fewer processes."
+            )
         fits = {
-            "process_count": options.get("process_count", 1),
+            "process_count": process_count,
             "num_workers": options.get("num_workers", 0),
             "records": len(records),
             "chunk_records": CHUNK_RECORDS,

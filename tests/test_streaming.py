@@ -174,6 +174,29 @@ def test_a_stream_where_no_pair_fits_is_one_error(corpus):
     stream.close()
 
 
+def test_a_stream_where_one_pair_in_an_epoch_fits_goes_on(corpus):
+    """The misfits between two reads of the one pair that fits may span most of two epochs."""
+    records = [{"en": " ".join(["garden"] * 30).encode(), "de": " ".join(["GARDEN"] * 30).encode()}] * 149
+    records.append({"en": b"the house", "de": b"THE HOUSE"})
+    for seed in range(10):
+        stream = _stream((records, corpus[1]), seed=seed, rows=1, packing=False)
+        batches = _take(stream, 5)  # Each holds the one pair; one epoch apart from the next.
+        stream.close()
+        assert all(b["inputs"][0, 0] != 0 for b in batches)
+
+
+def test_fewer_records_than_processes_is_one_error(corpus):
+    with pytest.raises(UserInputError, match=r"holds 2 pairs, fewer than the 3 processes"):
+        _stream((corpus[0][:2], corpus[1]), process_index=2, process_count=3)
+
+
+def test_neighbouring_seeds_shuffle_every_epoch_differently():
+    records = list(range(200))
+    streams = {seed: streaming.process_records(records, seed, 0, 1) for seed in (0, 1)}
+    orders = {tuple(streams[seed][epoch * 200 + i] for i in range(200)) for seed in (0, 1) for epoch in range(3)}
+    assert len(orders) == 6  # Not seed 1's epoch e the same as seed 0's epoch e + 1 (grain's seed + epoch).
+
+
 def test_a_restored_stream_yields_exactly_the_next_batches(corpus):
     reference = _stream(corpus)
     expected = _take(reference, 40)  # Past the end of the first epoch (150 records, ~4 pairs a row).
