@@ -49,6 +49,9 @@ _PREFETCH_BATCHES = 2
 # whole pipeline runs in the one prefetch thread: map threads would only contend for the GIL and
 # the cores (quick-start batches: 16-20 ms of CPU each in one thread, 28 ms with two map threads).
 CHUNK_RECORDS = 256
+# The order a position indexes: 2 shuffles with the hashed seed (`process_records`). A position saved
+# for another order (none saved before the hashing has this field) does not fit.
+SHUFFLE_VERSION = 2
 
 
 class TokenizePair(grain.transforms.Map):
@@ -165,9 +168,9 @@ class TrainStream:
       on another number of devices (other `rows`), the batches from the same pair on, of the new size
       (no record skipped or repeated, but grouped into other batches).
     - without a usable position (`state` None at a step > 0, or one saved for another process count,
-      another `num_workers`, other records or another chunk size: a checkpoint saved by another number of
-      processes hands on the first process's, by an earlier version a bucketed one or one of grain's
-      packer): a warning, and a fresh stream
+      another `num_workers`, other records, another chunk size or another shuffle: a checkpoint saved by
+      another number of processes hands on the first process's, by an earlier version a bucketed one, one
+      of grain's packer or one of the shuffle before its seed was hashed): a warning, and a fresh stream
       shuffled with the seed folded with the step (`fold_seed`), the same in every process. Records
       seen since the last epoch boundary may come again sooner than a full epoch later.
     """
@@ -191,6 +194,7 @@ class TrainStream:
             "num_workers": options.get("num_workers", 0),
             "records": len(records),
             "chunk_records": CHUNK_RECORDS,
+            "shuffle_version": SHUFFLE_VERSION,
         }
         saved = None if state is None else state.get("stream", {})
         resume = step > 0 and saved is not None and {key: saved.get(key) for key in fits} == fits

@@ -236,6 +236,22 @@ def test_without_its_position_a_stream_starts_afresh_with_the_seed_folded_with_t
     assert streaming.fold_seed(3, 5) not in (3, streaming.fold_seed(3, 6), streaming.fold_seed(4, 5))
 
 
+def test_a_position_saved_before_the_shuffle_seed_was_hashed_starts_afresh(corpus, caplog):
+    """Such a position indexes another order: resumed as it is, it would skip and repeat records."""
+    interrupted = _stream(corpus)
+    _take(interrupted, 5)
+    saved = interrupted.get_state()
+    interrupted.close()
+    del saved["stream"]["shuffle_version"]  # As positions saved before it had it.
+    with caplog.at_level(logging.WARNING):
+        resumed = _stream(corpus, state=saved, step=5)
+    assert any("No data position fits this run at step 5" in r.getMessage() for r in caplog.records)
+    fresh = _stream(corpus, seed=streaming.fold_seed(3, 5))
+    assert _pairs(_take(resumed, 3)) == _pairs(_take(fresh, 3))
+    resumed.close()
+    fresh.close()
+
+
 def test_other_devices_same_processes_go_on_from_the_same_record(corpus):
     """Another batch size (devices) with the saved position: no pair skipped or repeated, rows of the new size."""
     first = _stream(corpus, rows=ROWS)
