@@ -88,7 +88,8 @@ class _RowBatchIterator(grain.DatasetIterator):
 
     def set_state(self, state: dict[str, Any]) -> None:
         self._parent.set_state(state["parent"])
-        self._chunk_state, self._chunk, self._offset = state["parent"], next(self._parent), state["offset"]
+        # A finite parent may be used up there (a position saved after its last chunk): then so is this.
+        self._chunk_state, self._chunk, self._offset = state["parent"], next(self._parent, []), state["offset"]
         self._misfits_in_a_row = 0
 
     def _next_pair(self) -> Pair:

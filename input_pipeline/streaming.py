@@ -137,8 +137,9 @@ def train_dataset(
         positions of both sides, each [rows, max_length] int32.
     """
     dataset = process_records(records, seed, process_index, process_count)
-    # Misfits in a row before giving up: two epochs' share holds one whole epoch of it, where a run of
-    # one share could straddle two epochs' permutations and miss the few pairs that fit.
+    # Misfits in a row before giving up. Without workers, two epochs' share holds one whole epoch of
+    # this process's share (a run of one share could straddle two epochs' permutations and miss the
+    # few pairs that fit); a worker reads only its chunks, so there this is a long run, not a proof.
     give_up_after = 2 * max(1, len(records) // process_count)
     # Chunks of records, read and tokenized in one call each: grain's per-element costs are paid per chunk.
     dataset = dataset.batch(CHUNK_RECORDS, batch_fn=list).map(TokenizeChunk(tokenizer_path, source_lang, target_lang))

@@ -11,8 +11,9 @@ perplexity on the whole validation split; no BLEU check) and evaluated on the te
 split with greedy decoding. Pre-LN rather than the paper's post-LN: at 500 steps, in
 probe runs on the 2-core AMD EPYC, the post-LN model reached test BLEU 7.91 and the
 pre-LN one 11.62, so pre-LN leaves more room for the variants' differences to show;
-row (F) trains the paper's post-LN. Measured (2026-11-23, quiet, seed 0): the base run
-takes 5 min 4 s from an empty workdir and reaches test BLEU 14.32 (chrF 39.8).
+row (F) trains the paper's post-LN. Measured (2026-11-23, quiet, seed 0, before the stream's
+shuffle seed was hashed, so in another data order than a run now sees): the base run takes
+5 min 4 s from an empty workdir and reaches test BLEU 14.32 (chrF 39.8).
 
 Each variant changes what the paper's row changes, scaled to this base: the paper's
 base has 6 layers, d_model 512 and 8 heads; here 3 layers, d_model 256 and 4 heads,
