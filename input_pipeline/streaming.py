@@ -99,7 +99,7 @@ def process_records(records: Sequence[dict], seed: int, process_index: int, proc
     """
     # grain seeds epoch e's permutation with its seed + e: seeds s and s + 1 given as they are would
     # share every epoch's order but one, shifted by an epoch (a sweep's seeds would not be independent).
-    shuffle_seed = int(np.random.SeedSequence(seed).generate_state(1)[0])
+    shuffle_seed = _mixed_seed(seed)
     return grain.MapDataset.source(records).shuffle(seed=shuffle_seed)[process_index::process_count].repeat()
 
 
@@ -155,7 +155,12 @@ def train_dataset(
 
 def fold_seed(seed: int, step: int) -> int:
     """A seed for a stream restarted at `step` without its position: fresh, and the same in every process."""
-    return int(np.random.SeedSequence([seed, step]).generate_state(1)[0])
+    return _mixed_seed(seed, step)
+
+
+def _mixed_seed(*values: int) -> int:
+    """A 32-bit seed hashed from `values` (NumPy's SeedSequence): nearby values give unrelated seeds."""
+    return int(np.random.SeedSequence(list(values)).generate_state(1)[0])
 
 
 class TrainStream:
