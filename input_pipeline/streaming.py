@@ -28,6 +28,7 @@ workers, chunk size), and the checkpoint keeps it per process (training/checkpoi
 continues with exactly the batch that came next. Resuming where it does not fit, see `TrainStream.__init__`.
 """
 
+import hashlib
 import json
 from collections.abc import Sequence
 from typing import Any
@@ -52,6 +53,8 @@ CHUNK_RECORDS = 256
 # The order a position indexes: 2 shuffles with the hashed seed (`process_records`). A position saved
 # for another order (none saved before the hashing has this field) does not fit.
 SHUFFLE_VERSION = 2
+# Records whose content the position's fingerprint samples (evenly spaced, first and last included).
+_SAMPLED_RECORDS = 8
 
 
 class TokenizePair(grain.transforms.Map):
@@ -153,6 +156,21 @@ def train_dataset(
     return grain.experimental.ThreadPrefetchIterDataset(dataset, prefetch_buffer_size=_PREFETCH_BATCHES)
 
 
+def records_digest(records: Sequence[dict]) -> str:
+    """A short hash of the content of _SAMPLED_RECORDS records spread over `records`, and of their number.
+
+    A position indexes records by number: resumed on another corpus of the same size it would read
+    other pairs as if they were the next ones. Sampling a few records tells corpora apart in
+    microseconds (ArrayRecord reads), where hashing all of them would read the whole split.
+    """
+    digest = hashlib.sha256(str(len(records)).encode())
+    for index in np.linspace(0, len(records) - 1, num=min(_SAMPLED_RECORDS, len(records)), dtype=np.int64):
+        record = records[int(index)]
+        for key in sorted(record):
+            digest.update(f"{key}\0{_text(record[key])}\0".encode())
+    return digest.hexdigest()[:16]
+
+
 def fold_seed(seed: int, step: int) -> int:
     """A seed for a stream restarted at `step` without its position: fresh, and the same in every process."""
     return _mixed_seed(seed, step)
@@ -203,7 +221,14 @@ class TrainStream:
             "shuffle_version": SHUFFLE_VERSION,
         }
         saved = None if state is None else state.get("stream", {})
-        resume = step > 0 and saved is not None and {key: saved.get(key) for key in fits} == fits
+        digest = records_digest(records)
+        resume = (
+            step > 0
+            and saved is not None
+            and {key: saved.get(key) for key in fits} == fits
+            # Positions saved before the digest existed fit on the record count alone, as they did then.
+            and saved.get("records_digest", digest) == digest
+        )
         if resume:
             seed = saved["seed"]  # A stream restarted earlier runs on with its folded seed.
         elif step > 0:
@@ -216,7 +241,7 @@ class TrainStream:
                 json.dumps(fits),
                 seed,
             )
-        self._fingerprint = {**fits, "seed": seed}
+        self._fingerprint = {**fits, "records_digest": digest, "seed": seed}
         self._iterator = train_dataset(records, seed=seed, **options).__iter__()
         if resume:
             self._iterator.set_state(state["grain"])

@@ -268,6 +268,50 @@ def test_a_position_saved_before_the_shuffle_seed_was_hashed_starts_afresh(corpu
     fresh.close()
 
 
+def test_a_position_on_another_corpus_of_the_same_size_starts_afresh(corpus, caplog):
+    """Positions index records by number: on other records they would name other pairs."""
+    records, path = corpus
+    interrupted = _stream(corpus)
+    _take(interrupted, 5)
+    saved = interrupted.get_state()
+    interrupted.close()
+    rng = random.Random(1)
+    other = [{"en": _sentence(rng).encode(), "de": _sentence(rng).upper().encode()} for _ in records]
+    with caplog.at_level(logging.WARNING):
+        resumed = _stream((other, path), state=saved, step=5)
+    assert any("No data position fits this run at step 5" in r.getMessage() for r in caplog.records)
+    fresh = _stream((other, path), seed=streaming.fold_seed(3, 5))
+    assert _pairs(_take(resumed, 3)) == _pairs(_take(fresh, 3))
+    resumed.close()
+    fresh.close()
+
+
+def test_a_position_saved_before_the_records_digest_resumes_exactly(corpus, caplog):
+    """Such positions fit on the record count alone, as they did when they were saved."""
+    interrupted = _stream(corpus)
+    _take(interrupted, 5)
+    saved = interrupted.get_state()
+    expected = _take(interrupted, 3)
+    interrupted.close()
+    del saved["stream"]["records_digest"]
+    with caplog.at_level(logging.WARNING):
+        resumed = _stream(corpus, state=saved, step=5)
+    assert not any("No data position fits" in r.getMessage() for r in caplog.records)
+    assert _pairs(_take(resumed, 3)) == _pairs(expected)
+    resumed.close()
+
+
+def test_records_digest_tells_contents_apart_and_ignores_the_reading(corpus):
+    records, _ = corpus
+    digest = streaming.records_digest(records)
+    assert streaming.records_digest([dict(r) for r in records]) == digest
+    assert streaming.records_digest([{k: v.decode() for k, v in r.items()} for r in records]) == digest
+    changed = list(records)
+    changed[-1] = {**records[-1], "de": b"ANDERS"}
+    assert streaming.records_digest(changed) != digest
+    assert streaming.records_digest(records[:-1]) != digest
+
+
 def test_other_devices_same_processes_go_on_from_the_same_record(corpus):
     """Another batch size (devices) with the saved position: no pair skipped or repeated, rows of the new size."""
     first = _stream(corpus, rows=ROWS)
