@@ -238,7 +238,7 @@ class TrainStream:
                 "a fresh stream of the records, shuffled with the seed folded with the step (%d).",
                 step,
                 json.dumps(saved),
-                json.dumps(fits),
+                json.dumps({**fits, "records_digest": digest}),
                 seed,
             )
         self._fingerprint = {**fits, "records_digest": digest, "seed": seed}
