@@ -1,4 +1,4 @@
-r"""A tiny model on a slice of the bundled corpus, for tests (seconds, not minutes).
+r"""A tiny model on the bundled corpus, for tests (seconds, not minutes): few steps, short rows, a 300-piece vocabulary.
 
   python train.py --config=configs/tiny.py --workdir=/tmp/tiny
 
