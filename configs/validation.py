@@ -101,6 +101,11 @@ def validate_config(config: ml_collections.ConfigDict, num_devices: int | None =
         if _get(config, field) not in choices:
             raise UserInputError(f"config.{field} is {_get(config, field)!r}; choose one of {choices}.")
 
+    seed = config.seed
+    # The data's shuffles hash the seed with NumPy's SeedSequence (non-negative only); JAX's keys take int64.
+    if not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed < 2**63:
+        raise UserInputError(f"config.seed is {seed!r}; it must be an integer in [0, 2**63).")
+
     model = config.model
     if model.d_model % model.num_heads:
         raise UserInputError(

@@ -40,7 +40,7 @@ class RowBatchIterDataset(grain.IterDataset):
     """Batches of `rows` rows of `max_length` from a stream of lists of pairs (the module docstring).
 
     Pairs with a side longer than `max_length` are left out; once `give_up_after` pairs in a
-    row were left out (the caller makes it a run that holds a whole epoch: none fits),
+    row were left out (the caller makes it a run long enough that none or almost none fits),
     UserInputError, where the stream would otherwise search forever.
     """
 
@@ -106,8 +106,8 @@ class _RowBatchIterator(grain.DatasetIterator):
             self._misfits_in_a_row += 1
             if self._give_up_after is not None and self._misfits_in_a_row >= self._give_up_after:
                 raise UserInputError(
-                    f"No training pair fits config.dataset.max_length={self._max_length} (the last "
-                    f"{self._misfits_in_a_row} pairs read were all longer); raise it."
+                    f"The last {self._misfits_in_a_row} training pairs read were all longer than "
+                    f"config.dataset.max_length={self._max_length} (none or almost none fits); raise it."
                 )
 
     def __next__(self) -> dict[str, np.ndarray]:

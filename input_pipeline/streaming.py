@@ -6,7 +6,8 @@ The flow, per process (no process holds the corpus's text or all of its ids):
                 (e.g. `tfds.data_source` over ArrayRecord files; only the records read are in memory)
   shuffle       a global permutation of all records from the seed, another one every epoch
   [p::n]        process p of n keeps every n-th record of the permutation: the processes read disjoint
-                records whose union is the whole epoch, and never touch the others'
+                records whose union is the whole epoch, and never touch the others' (n counts distinct
+                row ranges of the batch: processes that hold the same rows read the same share)
   repeat        forever (epoch e is the e-th permutation)
   chunk         CHUNK_RECORDS records at a time, each chunk read and tokenized in one call (SentencePiece ids +
                 <eos> of each side; each worker loads the tokenizer from its model file)
@@ -140,10 +141,11 @@ def train_dataset(
         positions of both sides, each [rows, max_length] int32.
     """
     dataset = process_records(records, seed, process_index, process_count)
-    # Misfits in a row before giving up. Without workers, two epochs' share holds one whole epoch of
-    # this process's share (a run of one share could straddle two epochs' permutations and miss the
-    # few pairs that fit); a worker reads only its chunks, so there this is a long run, not a proof.
-    give_up_after = 2 * max(1, len(records) // process_count)
+    # Misfits in a row before giving up: twice the split. One reader (one process, no workers) has then
+    # read two whole epochs, and a run that long without a fit (it could straddle two permutations)
+    # proves that none fits. Several readers each get a share that changes every epoch, so a pair that
+    # fits can miss one reader's shares for a few epochs: there it is ~2n epochs of shares, not a proof.
+    give_up_after = 2 * len(records)
     # Chunks of records, read and tokenized in one call each: grain's per-element costs are paid per chunk.
     dataset = dataset.batch(CHUNK_RECORDS, batch_fn=list).map(TokenizeChunk(tokenizer_path, source_lang, target_lang))
     dataset = dataset.to_iter_dataset(grain.ReadOptions(num_threads=0, prefetch_buffer_size=0))

@@ -196,6 +196,7 @@ def test_tiny_config_is_valid():
         ({"dataset.target_lang": "en"}, r"source_lang and target_lang are both 'en'"),
         ({"eval.max_decode_length": 129}, r"config\.eval\.max_decode_length \(129\) exceeds config\.model\.max_len"),
         ({"eval.num_bleu_sentences": -1}, r"config\.eval\.num_bleu_sentences must be >= 0"),
+        ({"seed": -1}, r"config\.seed is -1; it must be an integer in \[0, 2\*\*63\)"),
         ({"optimizer.schedule": "noam"}, r"config\.optimizer\.schedule is 'noam'; choose one of \('paper', 'rsqrt'\)"),
         ({"optimizer.peak_learning_rate": 0.0}, r"peak_learning_rate is 0\.0; schedule 'rsqrt' needs a positive peak"),
         ({"optimizer.learning_rate_scale": 2.0}, r"learning_rate_scale is 2\.0 but applies to schedule 'paper' only"),

@@ -5,7 +5,8 @@ records, must resume exactly as they would have gone on (each process's data
 position is in the checkpoint), evaluate as one process does, and write a
 checkpoint whose state one process restores (without a data position of its own:
 input_pipeline/streaming.py says what it does then). If one process dies, the other must stop
-with an error instead of waiting for it forever.
+with an error instead of waiting for it forever. Processes that hold the same rows of a
+batch (tensor parallelism across them) must read the same records.
 """
 
 import glob
@@ -144,6 +145,22 @@ def test_two_processes_resume_exactly_and_their_checkpoint_restores_in_one(small
     assert any("no data position for process 0 of 1" in r.getMessage() for r in caplog.records)
     np.testing.assert_array_equal(state_resumed.rng, state_straight.rng)
     jax.tree.map(np.testing.assert_array_equal, state_resumed.params, state_straight.params)
+
+
+def test_processes_that_hold_the_same_rows_read_the_same_records(small_corpus, tmp_path):
+    """Tensor parallelism across 2 processes (1 device each): the batch is replicated, so both read one share."""
+    workdir = str(tmp_path / "run")
+    args = [*_train_args(small_corpus, workdir, 2), "--config.mesh.tensor=2", "--config.checkpoint_every_steps=2"]
+    args.remove("--config.eval.num_bleu_sentences=8")
+    args += ["--config.eval.num_bleu_sentences=0", "--config.eval.max_decode_length=4"]  # The point is the data.
+    processes = _start_processes(args, 2, 1, str(tmp_path / "tensor"))
+    returncodes = _wait_all(processes, time.monotonic() + _TIMEOUT)
+    assert returncodes == [0, 0], _read(str(tmp_path / "tensor.0.log"))[-3000:]
+    data = os.path.join(workdir, "checkpoints", "2", "data")
+    positions = [json.loads(_read(os.path.join(data, f"process_{i}-of-2.json"))) for i in range(2)]
+    # One share of the records (not each process its half) and the same place in it: the same batches.
+    assert positions[0]["stream"]["process_count"] == 1
+    assert positions[0] == positions[1]
 
 
 def test_when_one_process_is_killed_the_other_stops_with_an_error(small_corpus, tmp_path):

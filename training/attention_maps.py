@@ -19,6 +19,7 @@ from collections.abc import Mapping, Sequence
 import jax
 import numpy as np
 import sentencepiece as spm
+from jax.experimental import multihost_utils
 from matplotlib.backends.backend_agg import FigureCanvasAgg, RendererAgg
 from matplotlib.colors import Normalize
 from matplotlib.figure import Figure
@@ -113,7 +114,9 @@ def attention_weights(model: Transformer | Classifier, params, source_ids, targe
         source_ids = _real_tokens(source_ids, config.pad_id, "source", config.max_len)
         target_ids = _real_tokens(target_ids, config.pad_id, "target", config.max_len)
         sown = _sown_attention_weights(model, params, source_ids[None], target_ids[None])
-    sown = jax.device_get(sown)
+    # Numpy copies of the whole arrays, also where heads are split over other processes' devices
+    # (tensor parallelism across hosts): a collective then, which every process of a run reaches.
+    sown = multihost_utils.process_allgather(sown, tiled=True)
 
     def weights_of(stack: str, layer: int, kind: str) -> np.ndarray:
         # `sow` appends to a tuple; one pass sows once per attention module.

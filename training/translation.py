@@ -62,7 +62,11 @@ class TranslationTask:
         return load_corpus(config, workdir, splits, allow_training_tokenizer=allow_training_tokenizer)
 
     def train_batches(self, config, data: Corpus, mesh, position: dict | None, step: int) -> streaming.TrainStream:
-        """The stream of packed (or padded) rows from data.train_records: this process's rows of each batch."""
+        """The stream of packed (or padded) rows from data.train_records: this process's rows of each batch.
+
+        Processes that hold the same rows (the batch replicated over a mesh axis across processes)
+        read the same share of the records, so that their copies of those rows agree.
+        """
         dataset = config.dataset
         global_rows = (
             config.per_device_batch_size
@@ -70,6 +74,7 @@ class TranslationTask:
             * config.grad_accumulation_steps
         )
         rows = sharding.process_rows(global_rows, mesh, config.mesh.rules)
+        share_index, share_count = sharding.data_share(global_rows, mesh, config.mesh.rules)
         return streaming.TrainStream(
             data.train_records,
             seed=config.seed,
@@ -81,8 +86,8 @@ class TranslationTask:
             max_length=dataset.max_length,
             rows=rows.stop - rows.start,
             packing=dataset.packing,
-            process_index=jax.process_index(),
-            process_count=jax.process_count(),
+            process_index=share_index,
+            process_count=share_count,
             num_workers=dataset.num_workers,
         )
 
