@@ -11,7 +11,7 @@ test splits unchanged. The output is a `parallel_text` folder:
     python train.py --config=configs/quickstart.py --workdir=runs/large \\
         --config.dataset.path=/tmp/large_corpus
 
-With the default 4.5M pairs the two training files hold about 1 GB of text. The pairs
+With the default 4.5M pairs the two training files hold about 1.2 GB of text. The pairs
 depend only on `--seed`; the files are written as they are drawn, a block at a time.
 """
 
