@@ -11,7 +11,8 @@
 2 x 2 x 2; with gradient accumulation), prints the losses as a table, and checks
 that they and the final parameters agree with the one-device run, that the state
 keeps the shardings the rules give it, and that evaluation and greedy decoding on
-the sharded parameters match the one-device results. `checkpoint` saves under
+the sharded parameters match the one-device results, also through evaluation's own
+batching under rules that keep the batch off the FSDP axis. `checkpoint` saves under
 8-way data parallelism and restores onto 4 data x 2 FSDP and 2 data x 4 tensor.
 `classifier` trains the encoder classifier (config.task='classification') in the
 layouts and checks its losses and class probabilities against one device.
@@ -30,10 +31,10 @@ from tolerances import loss_rtol  # This script's folder, tests/, is first on sy
 
 from common.special_ids import BOS_ID, EOS_ID
 from configs import default
-from input_pipeline.batching import RaggedIds
+from input_pipeline.batching import ParallelIds, RaggedIds
 from models.build import make_model
 from models.decoding import greedy_decode
-from training import classification, loop, sharding, tasks
+from training import classification, evaluation, loop, sharding, tasks, translation
 from training.checkpointing import Checkpointer
 from training.optimizer import make_optimizer
 from training.steps import compile_train_step, eval_step
@@ -184,7 +185,30 @@ def check_layouts() -> None:
     for key in ("nll", "correct", "tokens"):
         _assert(np.isclose(sums[key], reference_sums[key], rtol=LOSS_RTOL), (key, sums, reference_sums))
     _assert(np.array_equal(tokens, reference_tokens), ("greedy decoding differs", tokens, reference_tokens))
+
+    # Evaluation's batching sizes and places its batches by config.mesh.rules: with the batch on
+    # 'data' only (4 shards), a 12-row batch, which 4 data x 2 FSDP placed by the default rules
+    # (8 shards) could not split.
+    _, state, (config, mesh, model) = results["jit 4 data x 2 fsdp"]
+    config.mesh.rules = (("batch", "data"), *(rule for rule in config.mesh.rules if rule[0] != "batch"))
+    config.eval.per_device_batch_size = 3
+    pairs = ParallelIds(
+        *(RaggedIds.from_lists([row[row != 0] for row in batches[0][key]]) for key in ("inputs", "targets"))
+    )
+    metrics, translations, batch_sizes = _evaluate_split(state.params, config, mesh, model, pairs)
+    _assert(batch_sizes[16] == 12, batch_sizes)
+    _, _, (config, mesh, model) = results["1 device"]
+    reference_metrics, reference_translations, _ = _evaluate_split(reference_state.params, config, mesh, model, pairs)
+    _assert(np.isclose(metrics["loss"], reference_metrics["loss"], rtol=LOSS_RTOL), (metrics, reference_metrics))
+    _assert(translations == reference_translations, ("translations differ", translations, reference_translations))
     print("layouts: ok")
+
+
+def _evaluate_split(params, config, mesh, model, pairs: ParallelIds):
+    """Loss metrics, translations and batch sizes of `pairs` through evaluation's batching, rows and placement."""
+    setup = translation.eval_setup(config, model, None, mesh)
+    metrics = evaluation.loss_metrics(setup, params, pairs)
+    return metrics, evaluation.translate_ids(setup, params, pairs.sources), setup.batch_sizes
 
 
 def check_classifier() -> None:

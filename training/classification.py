@@ -19,6 +19,7 @@ from absl import logging
 from jax.experimental import multihost_utils
 
 from common import processes
+from common.mesh_axes import BATCH_RULES, LogicalRules
 from common.special_ids import PAD_ID
 from input_pipeline import batching
 from input_pipeline.corpus import LabelledCorpus, load_labelled_corpus
@@ -70,10 +71,13 @@ class PredictSetup:
     mesh: jax.sharding.Mesh
     boundaries: tuple[int, ...]
     batch_sizes: dict[int, int]
+    rules: LogicalRules = BATCH_RULES  # How batches are split over the mesh (config.mesh.rules): as they were sized.
 
 
 def predict_setup(config: ml_collections.ConfigDict, model: Classifier, mesh, batch_sizes) -> PredictSetup:
-    return PredictSetup(make_predict_fn(model), mesh, tuple(config.dataset.bucket_boundaries), batch_sizes)
+    return PredictSetup(
+        make_predict_fn(model), mesh, tuple(config.dataset.bucket_boundaries), batch_sizes, config.mesh.rules
+    )
 
 
 def predict_probabilities(setup: PredictSetup, params, sources: batching.RaggedIds) -> np.ndarray:
@@ -81,10 +85,10 @@ def predict_probabilities(setup: PredictSetup, params, sources: batching.RaggedI
 
     Sentences are batched by length; longer ones than the last bucket are cut to it.
     """
-    rows = functools.partial(process_rows, mesh=setup.mesh)
+    rows = functools.partial(process_rows, mesh=setup.mesh, rules=setup.rules)
     outputs = None
     for inputs, indices in batching.source_batches(sources, setup.boundaries, setup.batch_sizes, rows):
-        sharded = shard_batch({"inputs": inputs}, setup.mesh)["inputs"]
+        sharded = shard_batch({"inputs": inputs}, setup.mesh, setup.rules)["inputs"]
         probabilities = multihost_utils.process_allgather(setup.predict_fn(params, sharded), tiled=True)
         if outputs is None:
             outputs = np.zeros((len(sources), probabilities.shape[-1]), np.float32)

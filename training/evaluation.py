@@ -16,6 +16,7 @@ from absl import logging
 from jax.experimental import multihost_utils
 
 from common import processes
+from common.mesh_axes import BATCH_RULES, LogicalRules
 from common.special_ids import BOS_ID, EOS_ID, PAD_ID
 from input_pipeline import batching
 from input_pipeline.datasets import TextPairs
@@ -72,10 +73,11 @@ class EvalSetup:
     max_decode_length: int
     decoding: str = "greedy"  # As `describe_decoding` puts it.
     seed: int = 0  # Sampling's randomness: batch i uses fold_in(PRNGKey(seed), i).
+    rules: LogicalRules = BATCH_RULES  # How batches are split over the mesh (config.mesh.rules): as they were sized.
 
     def batches(self, pairs: batching.ParallelIds):
         """`batching.eval_batches` of `pairs`, this process's rows of each."""
-        rows = functools.partial(process_rows, mesh=self.mesh)
+        rows = functools.partial(process_rows, mesh=self.mesh, rules=self.rules)
         return batching.eval_batches(pairs, self.boundaries, self.batch_sizes, rows)
 
 
@@ -83,7 +85,7 @@ def loss_metrics(setup: EvalSetup, params, pairs: batching.ParallelIds) -> dict[
     """Per-token 'loss' (NLL), 'perplexity' and 'accuracy' over a whole split."""
     totals = None
     for batch, _ in setup.batches(pairs):
-        sums = setup.eval_fn(params, shard_batch(batch, setup.mesh))
+        sums = setup.eval_fn(params, shard_batch(batch, setup.mesh, setup.rules))
         totals = sums if totals is None else jax.tree.map(lambda a, b: a + b, totals, sums)
     totals = jax.device_get(totals)
     tokens = max(float(totals["tokens"]), 1.0)
@@ -103,11 +105,11 @@ def translate_ids(setup: EvalSetup, params, sources: batching.RaggedIds) -> list
     """
     outputs = [[] for _ in range(len(sources))]
     base_rng = jax.random.PRNGKey(setup.seed)
-    rows = functools.partial(process_rows, mesh=setup.mesh)
+    rows = functools.partial(process_rows, mesh=setup.mesh, rules=setup.rules)
     batches = batching.source_batches(sources, setup.boundaries, setup.batch_sizes, rows)
     for batch_index, (inputs, indices) in enumerate(batches):
         max_length = decode_length(inputs.shape[1], setup.max_decode_length)
-        sharded = shard_batch({"inputs": inputs}, setup.mesh)["inputs"]
+        sharded = shard_batch({"inputs": inputs}, setup.mesh, setup.rules)["inputs"]
         rng = jax.random.fold_in(base_rng, batch_index)
         decoded = setup.decode_fn(params, sharded, rng, max_length=max_length)
         decoded = multihost_utils.process_allgather(decoded, tiled=True)  # [batch, max_length] on every process.

@@ -37,6 +37,7 @@ def eval_setup(config, model, tokenizer, mesh) -> evaluation.EvalSetup:
         max_decode_length=config.eval.max_decode_length,
         decoding=evaluation.describe_decoding(config.eval),
         seed=config.seed,
+        rules=config.mesh.rules,
     )
 
 
