@@ -312,6 +312,11 @@ def _validate_mesh(config: ml_collections.ConfigDict, num_devices: int) -> None:
             "config.step_compilation='pmap' is data parallel only; set config.mesh.fsdp and config.mesh.tensor to 1 "
             "or use step_compilation='jit'."
         )
+    if config.step_compilation == "pmap" and jax.process_count() > 1:
+        raise UserInputError(
+            f"config.step_compilation='pmap' runs in one process (its devices on one host); this run has "
+            f"{jax.process_count()} processes: use step_compilation='jit', data parallel across all of them by default."
+        )
 
 
 def _device_memory() -> tuple[int, str]:

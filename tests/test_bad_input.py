@@ -241,6 +241,13 @@ def test_validate_config_names_the_mesh_problem(overrides, message):
         validate_config(tiny_config(**overrides), num_devices=8)
 
 
+def test_pmap_with_several_processes_names_jit(monkeypatch):
+    validate_config(tiny_config(step_compilation="pmap"), num_devices=8)  # One process: fine.
+    monkeypatch.setattr("jax.process_count", lambda: 2)
+    with pytest.raises(UserInputError, match=r"'pmap' runs in one process.*2 processes: use step_compilation='jit'"):
+        validate_config(tiny_config(step_compilation="pmap"), num_devices=8)
+
+
 # --- Evaluating a workdir without checkpoints, function level ---------------------------------------------
 
 
