@@ -13,7 +13,8 @@ that they and the final parameters agree with the one-device run, that the state
 keeps the shardings the rules give it, and that evaluation and greedy decoding on
 the sharded parameters match the one-device results, also through evaluation's own
 batching under rules that keep the batch off the FSDP axis. `checkpoint` saves under
-8-way data parallelism and restores onto 4 data x 2 FSDP and 2 data x 4 tensor.
+8-way data parallelism and restores onto 4 data x 2 FSDP and 2 data x 4 tensor (the state, and
+the average of two steps' parameters).
 `classifier` trains the encoder classifier (config.task='classification') in the
 layouts and checks its losses and class probabilities against one device.
 `positions` trains with relative positions (their tables, relative values and a
@@ -278,14 +279,21 @@ def check_positions() -> None:
     print("positions: ok")
 
 
+def _abstract(array: jax.Array) -> jax.ShapeDtypeStruct:
+    return jax.ShapeDtypeStruct(array.shape, array.dtype, sharding=array.sharding)
+
+
 def check_checkpoint(directory: str) -> None:
     assert len(jax.devices()) == 8, jax.devices()
     batches = _batches(2)
+    _, first_state, _ = _train("jit", 8, 1, 1, 1, 8, batches[:1])
     _, saved_state, _ = _train("jit", 8, 1, 1, 1, 8, batches)
     checkpointer = Checkpointer(directory)
+    checkpointer.save(first_state, {"epoch": 0, "batch": 1})
     checkpointer.save(saved_state, {"epoch": 0, "batch": 2})
     checkpointer.wait_until_finished()
     saved_params = jax.device_get(saved_state.params)
+    first_params = jax.device_get(first_state.params)
     for data, fsdp, tensor in ((4, 2, 1), (2, 1, 4)):
         config, mesh, model, tx, _ = _setup(data, fsdp, tensor, 8)
         restored, data_state = loop.restore_checkpoint(checkpointer, 2, config, model, tx, mesh)
@@ -296,6 +304,13 @@ def check_checkpoint(directory: str) -> None:
         jax.tree.map(
             np.testing.assert_array_equal, jax.device_get(restored.opt_state), jax.device_get(saved_state.opt_state)
         )
+        # The average of steps 1 and 2, read onto this mesh: shard by shard, the numpy mean of the saved steps.
+        averaged = checkpointer.average_params((1, 2), jax.tree.map(_abstract, restored.params))
+        jax.tree.map(
+            lambda a, s: _assert(a.sharding == s.sharding, (a.sharding, s.sharding)), averaged, restored.params
+        )
+        mean = jax.tree.map(lambda a, b: ((a + b) / np.float32(2)).astype(a.dtype), first_params, saved_params)
+        jax.tree.map(np.testing.assert_array_equal, jax.device_get(averaged), mean)
         kernel = restored.params["decoder"]["layers_0"]["feed_forward"]["hidden"]["kernel"]
         shard = kernel.sharding.shard_shape(kernel.shape)
         print(

@@ -101,17 +101,40 @@ def mean_params(params_per_step: Iterable[Any], abstract_params: Any) -> Any:
     """The mean of parameter pytrees, leaf by leaf (fairseq's average_checkpoints).
 
     The trees are consumed one at a time into a float32 running sum on the host, so memory holds
-    two copies of the parameters, not one per step. The sum and the division are numpy's: XLA turns
-    division by a scalar into multiplication by its rounded reciprocal, an ulp off the mean. The mean
-    has the dtypes and shardings of `abstract_params`.
+    two copies of the parameters, not one per step. Each process sums only the distinct pieces its
+    devices hold (the trees come restored with the shardings of `abstract_params`), so parameters
+    split over several processes' devices average too. The sum and the division are numpy's: XLA
+    turns division by a scalar into multiplication by its rounded reciprocal, an ulp off the mean.
+    The mean has the dtypes and shardings of `abstract_params`.
     """
-    total, count = None, 0
+    likes, treedef = jax.tree.flatten(abstract_params)
+    totals, count = None, 0
     for params in params_per_step:
-        params = jax.tree.map(lambda x: np.asarray(x, np.float32), params)
-        total = params if total is None else jax.tree.map(np.add, total, params)
+        pieces = [_local_pieces(leaf) for leaf in treedef.flatten_up_to(params)]
+        if totals is None:
+            totals = pieces
+        else:
+            totals = [{key: total[key] + piece[key] for key in total} for total, piece in zip(totals, pieces)]
         count += 1
-    return jax.tree.map(
-        lambda x, like: jax.device_put((x / np.float32(count)).astype(like.dtype), like.sharding),
-        total,
-        abstract_params,
-    )
+    means = []
+    for like, total in zip(likes, totals):
+        mean = {key: (piece / np.float32(count)).astype(like.dtype) for key, piece in total.items()}
+        index_map = like.sharding.addressable_devices_indices_map(like.shape)
+        arrays = [jax.device_put(mean[_piece_key(index, like.shape)], device) for device, index in index_map.items()]
+        means.append(jax.make_array_from_single_device_arrays(like.shape, like.sharding, arrays))
+    return jax.tree.unflatten(treedef, means)
+
+
+def _local_pieces(leaf: jax.Array) -> dict[tuple, np.ndarray]:
+    """The distinct pieces of `leaf` this process's devices hold, float32, by where they sit (replicas once)."""
+    pieces = {}
+    for shard in leaf.addressable_shards:
+        key = _piece_key(shard.index, leaf.shape)
+        if key not in pieces:
+            pieces[key] = np.asarray(shard.data, np.float32)
+    return pieces
+
+
+def _piece_key(index: tuple[slice, ...], shape: tuple[int, ...]) -> tuple:
+    """A hashable form of a shard's index (slices are unhashable before Python 3.12)."""
+    return tuple(part.indices(size) for part, size in zip(index, shape))
