@@ -147,20 +147,27 @@ def test_two_processes_resume_exactly_and_their_checkpoint_restores_in_one(small
     jax.tree.map(np.testing.assert_array_equal, state_resumed.params, state_straight.params)
 
 
-def test_processes_that_hold_the_same_rows_read_the_same_records(small_corpus, tmp_path):
-    """Tensor parallelism across 2 processes (1 device each): the batch is replicated, so both read one share."""
+def test_tensor_parallel_across_processes_reads_one_share_and_averages_checkpoints(small_corpus, tmp_path):
+    """Tensor parallelism across 2 processes (1 device each): the batch is replicated, so both read one share;
+    the parameters are split over the processes, and --checkpoint=average:2 averages them."""
     workdir = str(tmp_path / "run")
-    args = [*_train_args(small_corpus, workdir, 2), "--config.mesh.tensor=2", "--config.checkpoint_every_steps=2"]
+    args = [*_train_args(small_corpus, workdir, 2), "--config.mesh.tensor=2", "--config.checkpoint_every_steps=1"]
     args.remove("--config.eval.num_bleu_sentences=8")
     args += ["--config.eval.num_bleu_sentences=0", "--config.eval.max_decode_length=4"]  # The point is the data.
-    processes = _start_processes(args, 2, 1, str(tmp_path / "tensor"))
-    returncodes = _wait_all(processes, time.monotonic() + _TIMEOUT)
+    deadline = time.monotonic() + _TIMEOUT
+    returncodes = _wait_all(_start_processes(args, 2, 1, str(tmp_path / "tensor")), deadline)
     assert returncodes == [0, 0], _read(str(tmp_path / "tensor.0.log"))[-3000:]
     data = os.path.join(workdir, "checkpoints", "2", "data")
     positions = [json.loads(_read(os.path.join(data, f"process_{i}-of-2.json"))) for i in range(2)]
     # One share of the records (not each process its half) and the same place in it: the same batches.
     assert positions[0]["stream"]["process_count"] == 1
     assert positions[0] == positions[1]
+
+    evaluate = [*args, "--mode=eval", "--checkpoint=average:2"]
+    returncodes = _wait_all(_start_processes(evaluate, 2, 1, str(tmp_path / "average")), deadline)
+    assert returncodes == [0, 0], _read(str(tmp_path / "average.0.log"))[-3000:]
+    scores = json.loads(_read(os.path.join(workdir, "eval", "valid", "scores.json")))
+    assert scores["checkpoint"] == "average of steps 1, 2"
 
 
 def test_when_one_process_is_killed_the_other_stops_with_an_error(small_corpus, tmp_path):
