@@ -179,6 +179,8 @@ def test_a_step_with_a_non_finite_loss_changes_nothing_but_the_step_count(compil
     before, after, metrics, _ = _run(step, state, batch)  # The next good batch trains as usual.
     assert metrics["finite"] and np.isfinite(metrics["loss"])
     assert int(after.step) == 2
+    # At the rate of the optimizer's first update (the skipped step did not advance its schedule).
+    assert metrics["learning_rate"] == pytest.approx(rsqrt_schedule(peak_learning_rate=3e-3, warmup_steps=1)(0))
     assert not np.array_equal(
         before.params["shared_embedding"]["embedding"], after.params["shared_embedding"]["embedding"]
     )

@@ -160,11 +160,19 @@ def train_step(
         "nll": sums["nll"] / tokens,
         "accuracy": sums["correct"] / tokens,
         "tokens": sums["tokens"],
-        "learning_rate": learning_rate_fn(state.step),
+        "learning_rate": learning_rate_fn(_schedule_count(state.opt_state)),  # The rate this update applied.
         "grad_norm": grad_norm,
         "finite": finite,
     }
     return new_state, metrics
+
+
+def _schedule_count(opt_state: Any) -> jax.Array:
+    """The optimizer's count of applied updates, which drives its schedule (behind state.step after skipped steps)."""
+    ((_, count),) = optax.tree_utils.tree_get_all_with_path(
+        opt_state, "count", filtering=lambda path, _: getattr(path[-1], "tuple_name", None) == "ScaleByScheduleState"
+    )
+    return count
 
 
 def _is_finite(loss: jax.Array, grad_norm: jax.Array, new_params: Any) -> jax.Array:
