@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 
 import jax
 import jax.numpy as jnp
@@ -228,6 +229,8 @@ def test_cli_evaluates_the_best_checkpoint(trained):
 
     result = _run_eval(config, workdir, "--checkpoint=best")
     assert result.returncode == 0, result.stderr[-3000:]
+    # Long targets are named too: the loss is over truncated pairs (the tiny vocabulary makes many long).
+    assert re.search(r"valid: \d+ source and [1-9]\d* target sentences are longer than 32 subwords", result.stderr)
     scores = _scores(workdir)
     assert scores["checkpoint"] == f"best (step {best.step}, valid BLEU {best.value:.2f})"
     assert scores["step"] == best.step

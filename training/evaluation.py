@@ -163,13 +163,16 @@ def evaluate_split(
     Returns:
         The scores (as in scores.json) and the hypotheses.
     """
-    truncated = int(np.sum(ids.sources.lengths > setup.boundaries[-1]))
-    if truncated:
+    limit = setup.boundaries[-1]
+    long_sources, long_targets = (int(np.sum(side.lengths > limit)) for side in (ids.sources, ids.targets))
+    if long_sources or long_targets:
         logging.warning(
-            "%s: %d source sentences are longer than %d subwords and were truncated.",
+            "%s: %d source and %d target sentences are longer than %d subwords: translations are of the "
+            "truncated sources, and the loss is over the truncated pairs.",
             split,
-            truncated,
-            setup.boundaries[-1],
+            long_sources,
+            long_targets,
+            limit,
         )
     scores = {
         "split": split,
