@@ -20,7 +20,9 @@ self-attention only); the queries still carry their position through the decoder
 self-attention layers.
 
 Precision: parameters, the residual stream, LayerNorm, softmax and logits are float32;
-with dtype='bfloat16' only the matmul operands are bfloat16 (accumulated in float32).
+with dtype='bfloat16' the matmul operands are bfloat16 (accumulated in float32), and
+the feed-forward biases are rounded to bfloat16 where flax's Dense adds them (so are
+their gradients), as in the usual bfloat16 mixed precision.
 """
 
 import dataclasses
