@@ -5,7 +5,8 @@ so the train step compiles once per bucket. Shorter buckets hold more
 sequences: each batch carries about `tokens_per_batch` padded tokens.
 
 Training order is a pure function of (seed, epoch): the iterator's whole state
-is (epoch, batch index in the epoch), two integers saved with each checkpoint
+is (epoch, batch index in the epoch) and a hash of what the order was made from
+(lengths, buckets, batch sizes, seed), saved with each checkpoint
 (`get_state`, `set_state`: the interface of grain's iterators, which the
 checkpoint's data item takes), and a restored iterator continues with exactly
 the batch that came next. Classification trains from these in-memory batches;
