@@ -17,8 +17,7 @@ import sys
 
 from absl import app, flags
 
-from common.errors import UserInputError
-from training import sweep, sweep_report
+from training import io_errors, sweep, sweep_report
 
 _SWEEP = flags.DEFINE_string("sweep", None, "Sweep file (configs/sweeps/*.py): a base config and named variants.")
 _ROOT = flags.DEFINE_string("root", None, "Folder of the sweep's runs (<root>/<variant>/seed_<k>) and results.")
@@ -33,11 +32,21 @@ def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
     try:
-        loaded = sweep.load_sweep(_SWEEP.value)
-        selected = sweep.select_variants(loaded, _ONLY.value)
-    except UserInputError as e:
-        print(f"error: {e}", file=sys.stderr)
+        _sweep()
+    except sweep.SweepStopped as e:
+        print(e, file=sys.stderr)
+        sys.exit(e.exit_status)
+    except Exception as e:  # pylint: disable=broad-except
+        # A bad sweep file, or storage failing under the root (a full disk): one line; a bug keeps its traceback.
+        if (message := io_errors.user_error_message(e, _ROOT.value, elsewhere="choose another --root")) is None:
+            raise
+        print(f"error: {message}", file=sys.stderr)
         sys.exit(2)
+
+
+def _sweep() -> None:
+    loaded = sweep.load_sweep(_SWEEP.value)
+    selected = sweep.select_variants(loaded, _ONLY.value)
     if _DRY_RUN.value:
         lines, unbuildable = sweep.pending_commands(loaded, sweep.plan_runs(_ROOT.value, selected, _SEEDS.value))
         print("\n".join(lines))
@@ -46,15 +55,13 @@ def main(argv):
         return
     failed = []
     if not _COLLECT.value:
-        try:
-            outcome = sweep.run_all(loaded, sweep.plan_runs(_ROOT.value, selected, _SEEDS.value))
-        except sweep.SweepStopped as e:
-            print(e, file=sys.stderr)
-            sys.exit(e.exit_status)
+        outcome = sweep.run_all(loaded, sweep.plan_runs(_ROOT.value, selected, _SEEDS.value))
         failed = outcome.failed
         print(f"{len(outcome.finished)} runs trained, {len(outcome.skipped)} finished before, {len(failed)} failed.")
+    # Every seed run so far, also beyond --seeds (a sweep run earlier with more).
+    seeds = max(_SEEDS.value, sweep.seeds_present(_ROOT.value, loaded.names()))
     summaries, unfinished = sweep_report.collect(
-        loaded, _ROOT.value, sweep.plan_runs(_ROOT.value, loaded.names(), _SEEDS.value)
+        loaded, _ROOT.value, sweep.plan_runs(_ROOT.value, loaded.names(), seeds)
     )
     finished = sum(len(s.results) for s in summaries)
     print(f"Results of {finished} runs ({len(unfinished)} not finished) in {_ROOT.value}/results.md")

@@ -277,22 +277,57 @@ def test_the_difference_to_the_base_pairs_runs_of_the_same_seed():
     assert sweep_report.paired_difference({0: 21.0}, {1: 20.0}) is None
 
 
-def _write_scores(workdir, step):
+def _write_scores(workdir, step, checkpoint=None, decoding="greedy"):
     os.makedirs(os.path.join(workdir, "eval", "test"))
+    scores = {"step": step, "checkpoint": checkpoint or f"step {step}", "decoding": decoding, "bleu": 20.0}
     with open(os.path.join(workdir, "eval", "test", "scores.json"), "w", encoding="utf-8") as f:
-        json.dump({"step": step, "bleu": 20.0}, f)
+        json.dump(scores, f)
 
 
 def test_a_run_is_finished_when_its_final_scores_are_for_the_configs_last_step(tmp_path):
     config = table3.get_config("base")
+    assert config.eval.beam_size == 1 and config.eval.temperature == 0  # Greedy, as _write_scores says.
+    steps = config.num_train_steps
     assert not sweep.is_finished(config, str(tmp_path / "empty"))
-    _write_scores(str(tmp_path / "done"), config.num_train_steps)
+    _write_scores(str(tmp_path / "done"), steps)
     assert sweep.is_finished(config, str(tmp_path / "done"))
-    _write_scores(str(tmp_path / "shorter"), config.num_train_steps // 2)  # The sweep file now asks for more.
+    _write_scores(str(tmp_path / "shorter"), steps // 2)  # The sweep file now asks for more.
     assert not sweep.is_finished(config, str(tmp_path / "shorter"))
+    # A later `train.py --mode=eval` wrote over the run's own evaluation: not the scores the table compares.
+    _write_scores(str(tmp_path / "beam"), steps, decoding="beam 4, alpha 0.6")
+    assert not sweep.is_finished(config, str(tmp_path / "beam"))
+    _write_scores(str(tmp_path / "best"), steps, checkpoint=f"best (step {steps // 2}, valid BLEU 9.00)")
+    assert not sweep.is_finished(config, str(tmp_path / "best"))
     os.makedirs(tmp_path / "cut" / "eval" / "test")
     (tmp_path / "cut" / "eval" / "test" / "scores.json").write_text('{"step": 4', encoding="utf-8")
     assert not sweep.is_finished(config, str(tmp_path / "cut"))
+
+
+def test_a_full_disk_under_the_root_is_one_line(tmp_path):
+    os.symlink("/dev/full", tmp_path / "results.md")  # Every write to it: ENOSPC.
+    result = _run_sweep(os.path.join(REPO_ROOT, "configs", "sweeps", "table3.py"), str(tmp_path), "--collect")
+    assert result.returncode == 2
+    assert result.stderr.strip() == (
+        f"error: cannot write in {tmp_path}: No space left on device (errno 28); "
+        "free space on that disk or choose another --root"
+    )
+
+
+def test_seeds_present_counts_every_seed_folder_of_the_variants(tmp_path):
+    assert sweep.seeds_present(str(tmp_path), ["base", "heads_1"]) == 0
+    for folder in ("base/seed_0", "base/seed_4", "heads_1/seed_2", "heads_1/notes", "other/seed_9"):
+        os.makedirs(tmp_path / folder)
+    assert sweep.seeds_present(str(tmp_path), ["base", "heads_1"]) == 5  # seed_0 ... seed_4; 'other' is not asked.
+
+
+def test_a_failed_run_is_explained_by_its_last_attempt_only(tmp_path):
+    log = tmp_path / sweep.LOG_NAME
+    log.write_text(
+        "# sweep.py, 2026-11-22T10:00:00+00:00: train.py ...\nerror: No space left on device\n"
+        "# sweep.py, 2026-11-23T10:00:00+00:00: train.py ...\nstep 3\nKilled\n",
+        encoding="utf-8",
+    )
+    assert sweep._last_error(str(log)) == "Killed"  # pylint: disable=protected-access
 
 
 def test_metric_log_keeps_the_last_value_of_each_metric_per_step(tmp_path):

@@ -111,6 +111,18 @@ def plan_runs(root: str, variants: Sequence[str], num_seeds: int) -> list[Run]:
     ]
 
 
+def seeds_present(root: str, variants: Sequence[str]) -> int:
+    """1 + the highest seed any of `variants` has a run folder for under `root` (0 if none)."""
+    seeds = [
+        int(match[1])
+        for variant in variants
+        if os.path.isdir(os.path.join(root, variant))
+        for name in os.listdir(os.path.join(root, variant))
+        if (match := re.fullmatch(r"seed_(\d+)", name))
+    ]
+    return max(seeds, default=-1) + 1
+
+
 def command(sweep: Sweep, run: Run) -> list[str]:
     """The train.py command of `run`, with absolute paths: it runs as it is from any folder."""
     return [
@@ -145,14 +157,23 @@ def scores_path(config: ml_collections.ConfigDict, workdir: str) -> str:
 def final_scores(config: ml_collections.ConfigDict, workdir: str) -> dict | None:
     """The scores of the evaluation after the last step config asks for; None if the run has not got there.
 
-    Scores of an earlier step (a run whose sweep file now asks for more steps) do not count.
+    Scores of an earlier step (a run whose sweep file now asks for more steps) do not count, nor
+    those a later `train.py --mode=eval` wrote over them for other parameters (best, an average)
+    or another decoding: a sweep's table compares runs evaluated alike.
     """
+    from training.evaluation import describe_decoding  # pylint: disable=g-import-not-at-top  (JAX: only here)
+
     try:
         with open(scores_path(config, workdir), encoding="utf-8") as f:
             scores = json.load(f)
     except (FileNotFoundError, json.JSONDecodeError):
         return None
-    return scores if scores.get("step") == config.num_train_steps else None
+    expected = {
+        "step": config.num_train_steps,
+        "checkpoint": f"step {config.num_train_steps}",
+        "decoding": describe_decoding(config.eval),
+    }
+    return scores if all(scores.get(key) == value for key, value in expected.items()) else None
 
 
 def is_finished(config: ml_collections.ConfigDict, workdir: str) -> bool:
@@ -212,6 +233,9 @@ def run_all(sweep: Sweep, runs: Sequence[Run], *, echo: Callable[[str], None] = 
     return outcome
 
 
+_LOG_HEADER = "# sweep.py, "  # Opens each attempt's part of a run's log.
+
+
 def _log_path(run: Run) -> str:
     return os.path.join(run.workdir, LOG_NAME)
 
@@ -222,7 +246,7 @@ def _train(sweep: Sweep, run: Run, signals: "_ForwardedSignals") -> int:
     args = command(sweep, run)
     with open(_log_path(run), "a", encoding="utf-8") as log:
         started = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-        log.write(f"# sweep.py, {started}: {shlex.join(args)}\n")
+        log.write(f"{_LOG_HEADER}{started}: {shlex.join(args)}\n")
         log.flush()
         # Its own session: a Ctrl-C in the terminal reaches the sweep only, which passes it on
         # once (a second signal would end train.py at once, without saving). Progress bars
@@ -235,6 +259,9 @@ def _train(sweep: Sweep, run: Run, signals: "_ForwardedSignals") -> int:
             env={**os.environ, "TQDM_MININTERVAL": "30"},
         )
         signals.child = child
+        if signals.received is not None and not signals.forwarded:  # It came while train.py was starting.
+            child.send_signal(signals.received)
+            signals.forwarded = True
         try:
             return child.wait()
         finally:
@@ -253,6 +280,8 @@ def _last_error(log_path: str) -> str:
             lines = [line.strip() for line in f.read().replace("\r", "\n").splitlines() if line.strip()]
     except OSError:
         return "no log"
+    # The log holds every attempt of the run, each after its '# sweep.py' header: only the last one's lines count.
+    lines = lines[max((i for i, line in enumerate(lines) if line.startswith(_LOG_HEADER)), default=0) :]
     errors = [line for line in lines if line.startswith("error:")]
     return (errors or lines or ["empty log"])[-1]
 
@@ -267,6 +296,7 @@ class _ForwardedSignals:
     def __init__(self):
         self.child: subprocess.Popen | None = None
         self.received: int | None = None
+        self.forwarded = False  # Whether the train.py in progress has been sent the signal.
         self._previous = {}
 
     def __enter__(self) -> "_ForwardedSignals":
@@ -289,3 +319,4 @@ class _ForwardedSignals:
         child = self.child
         if child is not None and child.poll() is None:
             child.send_signal(signal_number)
+            self.forwarded = True
