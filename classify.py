@@ -53,6 +53,9 @@ def classify(workdir: str) -> None:
     sizes = sharding.batch_sizes(config, config.eval.per_device_batch_size, trained.mesh)
     setup = classification.predict_setup(config, trained.model, trained.mesh, sizes)
     results = classification.classify_lines(setup, trained.params, trained.tokenizer, lines, config.dataset.max_length)
+    names = trained.labels.names
+    outputs = ["" if result is None else f"{names[result[0]]}\t{result[1]:.4f}" for result in results]
+    text_io.write_output_lines(outputs, _OUTPUT.value)  # First: drawing maps may still fail (a full disk).
     if _ATTENTION_MAPS.value:
         from training import attention_maps  # pylint: disable=g-import-not-at-top
 
@@ -64,9 +67,6 @@ def classify(workdir: str) -> None:
                 out_dir = os.path.join(_ATTENTION_MAPS.value, f"line_{number}")
                 paths = attention_maps.save_attention_maps(figures, out_dir)
                 logging.info("Line %d: %d attention maps in %s.", number, len(paths), out_dir)
-    names = trained.labels.names
-    outputs = ["" if result is None else f"{names[result[0]]}\t{result[1]:.4f}" for result in results]
-    text_io.write_output_lines(outputs, _OUTPUT.value)
 
 
 def main(argv):

@@ -90,9 +90,9 @@ def translate(workdir: str) -> None:
     logging.info("Translating %d lines: %s, %s.", len(lines), trained.selection.description, decoding)
     setup = translation.eval_setup(config, trained.model, trained.tokenizer, trained.mesh)
     translations = inference.translate_lines(setup, trained.params, sources, config.dataset.max_length)
+    text_io.write_output_lines(translations, _OUTPUT.value)  # First: drawing maps may still fail (a full disk).
     if _ATTENTION_MAPS.value:
         _draw_attention_maps(trained, lines, translations, _ATTENTION_MAPS.value)
-    text_io.write_output_lines(translations, _OUTPUT.value)
 
 
 def main(argv):

@@ -2,9 +2,11 @@
 
 import json
 import os
+import subprocess
+import sys
 
 import pytest
-from conftest import run_entry_point
+from conftest import REPO_ROOT, run_entry_point
 
 pytestmark = pytest.mark.slow
 
@@ -100,3 +102,17 @@ def test_translate_draws_attention_maps_for_given_or_translated_targets(trained_
     for line in ("line_1", "line_3"):
         assert sorted(os.listdir(maps / line)) == expected
         assert (maps / line / expected[0]).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_output_to_a_reader_that_stops_early_ends_quietly_with_141():
+    """`translate.py ... | head -1`: the tools' stdout writer, with the reader gone after one line."""
+    write = "from training.text_io import write_output_lines; write_output_lines(['line'] * 200_000, None)"
+    # Buffered stdout, as Python has it by default (unbuffered, a write the reader cut short only ends early).
+    env = {key: value for key, value in os.environ.items() if key != "PYTHONUNBUFFERED"}
+    process = subprocess.Popen(
+        [sys.executable, "-c", write], cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    assert process.stdout.readline() == b"line\n"
+    process.stdout.close()
+    assert process.wait(timeout=120) == 141
+    assert process.stderr.read() == b""  # No traceback.

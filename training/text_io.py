@@ -1,5 +1,6 @@
 """Reading and writing the text of the command-line tools (translate.py, classify.py), with one-line errors."""
 
+import os
 import sys
 from collections.abc import Callable
 
@@ -46,12 +47,21 @@ def read_input_lines(path: str | None) -> list[str]:
 def write_output_lines(lines: list[str], path: str | None) -> None:
     """Writes one line per entry to `path` (UTF-8), or to stdout when `path` is None.
 
+    A reader of stdout that stops early (`| head`) ends the tool quietly with status 141, as
+    SIGPIPE ends other tools of a pipeline.
+
     Raises:
         UserInputError: the file cannot be written (a missing folder, no permission, a full disk).
     """
     text = "".join(line + "\n" for line in lines)
     if path is None:
-        sys.stdout.write(text)
+        try:
+            sys.stdout.write(text)
+            sys.stdout.flush()
+        except BrokenPipeError:
+            # Python flushes stdout again at exit: it must find somewhere to write.
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            raise SystemExit(141) from None
         return
     try:
         with open(path, "w", encoding="utf-8") as f:
