@@ -160,19 +160,22 @@ def train_step(
         "nll": sums["nll"] / tokens,
         "accuracy": sums["correct"] / tokens,
         "tokens": sums["tokens"],
-        "learning_rate": learning_rate_fn(_schedule_count(state.opt_state)),  # The rate this update applied.
+        "learning_rate": learning_rate_fn(_schedule_count(state.opt_state, state.step)),  # The rate applied.
         "grad_norm": grad_norm,
         "finite": finite,
     }
     return new_state, metrics
 
 
-def _schedule_count(opt_state: Any) -> jax.Array:
-    """The optimizer's count of applied updates, which drives its schedule (behind state.step after skipped steps)."""
-    ((_, count),) = optax.tree_utils.tree_get_all_with_path(
+def _schedule_count(opt_state: Any, step: jax.Array) -> jax.Array:
+    """The count the optimizer's learning-rate schedule is at: behind the step after skipped updates.
+
+    `step` where the optimizer keeps no schedule count (a constant learning rate).
+    """
+    found = optax.tree_utils.tree_get_all_with_path(
         opt_state, "count", filtering=lambda path, _: getattr(path[-1], "tuple_name", None) == "ScaleByScheduleState"
     )
-    return count
+    return found[0][1] if found else step
 
 
 def _is_finite(loss: jax.Array, grad_norm: jax.Array, new_params: Any) -> jax.Array:
