@@ -225,7 +225,7 @@ def check_classifier() -> None:
     results = {name: _train(*LAYOUTS[name], batches, task="classification") for name in names}
     reference_losses, reference_state, (config, mesh, model) = results["1 device"]
     reference = classification.predict_probabilities(
-        classification.PredictSetup(classification.make_predict_fn(model), mesh, (12,), {12: 16}),
+        classification.PredictSetup(classification.make_predict_fn(model), mesh, (12,), {12: 16}, config.mesh.rules),
         reference_state.params,
         RaggedIds.from_lists([row[row != 0] for row in batches[0]["inputs"][:-3]]),
     )
@@ -234,7 +234,9 @@ def check_classifier() -> None:
         print(f"classifier, {name:<38}" + "".join(f"{loss:>11.6f}" for loss in losses) + f"  {loss_diff:>9.1e}")
         _assert(loss_diff <= LOSS_RTOL, (name, losses, reference_losses))
         if name.startswith("jit"):  # Predictions on the sharded parameters (batches split over the mesh).
-            setup = classification.PredictSetup(classification.make_predict_fn(model), mesh, (12,), {12: 16})
+            setup = classification.PredictSetup(
+                classification.make_predict_fn(model), mesh, (12,), {12: 16}, config.mesh.rules
+            )
             sources = RaggedIds.from_lists([row[row != 0] for row in batches[0]["inputs"][:-3]])
             probabilities = classification.predict_probabilities(setup, state.params, sources)
             _assert(np.allclose(probabilities, reference, atol=1e-5), (name, probabilities, reference))

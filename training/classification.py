@@ -19,7 +19,7 @@ from absl import logging
 from jax.experimental import multihost_utils
 
 from common import processes
-from common.mesh_axes import BATCH_RULES, LogicalRules
+from common.mesh_axes import LogicalRules
 from common.special_ids import PAD_ID
 from input_pipeline import batching
 from input_pipeline.corpus import LabelledCorpus, load_labelled_corpus
@@ -71,7 +71,7 @@ class PredictSetup:
     mesh: jax.sharding.Mesh
     boundaries: tuple[int, ...]
     batch_sizes: dict[int, int]
-    rules: LogicalRules = BATCH_RULES  # How batches are split over the mesh (config.mesh.rules): as they were sized.
+    rules: LogicalRules  # How batches are split over the mesh (config.mesh.rules), as `batch_sizes` were sized.
 
 
 def predict_setup(config: ml_collections.ConfigDict, model: Classifier, mesh, batch_sizes) -> PredictSetup:

@@ -16,7 +16,7 @@ from absl import logging
 from jax.experimental import multihost_utils
 
 from common import processes
-from common.mesh_axes import BATCH_RULES, LogicalRules
+from common.mesh_axes import LogicalRules
 from common.special_ids import BOS_ID, EOS_ID, PAD_ID
 from input_pipeline import batching
 from input_pipeline.datasets import TextPairs
@@ -70,10 +70,10 @@ class EvalSetup:
     tokenizer: spm.SentencePieceProcessor
     boundaries: Sequence[int]
     batch_sizes: dict[int, int]
+    rules: LogicalRules  # How batches are split over the mesh (config.mesh.rules), as `batch_sizes` were sized.
     max_decode_length: int
     decoding: str = "greedy"  # As `describe_decoding` puts it.
     seed: int = 0  # Sampling's randomness: batch i uses fold_in(PRNGKey(seed), i).
-    rules: LogicalRules = BATCH_RULES  # How batches are split over the mesh (config.mesh.rules): as they were sized.
 
     def batches(self, pairs: batching.ParallelIds):
         """`batching.eval_batches` of `pairs`, this process's rows of each."""

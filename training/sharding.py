@@ -98,15 +98,14 @@ def process_rows(global_rows: int, mesh: Mesh, rules: LogicalRules = BATCH_RULES
     return _process_rows(global_rows, mesh, logical_rules(rules))
 
 
-def data_share(global_rows: int, mesh: Mesh, rules: LogicalRules = BATCH_RULES) -> tuple[int, int]:
-    """(index, count) of this process's share of the training data: one share per distinct range of rows.
+def data_share(rows: slice, global_rows: int) -> tuple[int, int]:
+    """(index, count) of the share of the training data that this process's `rows` (`process_rows`) read.
 
-    Processes that hold the same rows (a batch not split over every process: a tensor axis, or
-    rules that keep the batch off an axis, spanning processes) give the devices one replicated
-    slice of the batch, so they must read the same records: they get the same share. With the
-    batch split over every process, this is (process index, process count).
+    One share per distinct range of rows: processes that hold the same rows (a batch not split
+    over every process: a tensor axis, or rules that keep the batch off an axis, spanning
+    processes) give the devices one replicated slice of the batch, so they must read the same
+    records. With the batch split over every process, this is (process index, process count).
     """
-    rows = process_rows(global_rows, mesh, rules)
     size = rows.stop - rows.start
     return rows.start // size, global_rows // size
 

@@ -173,7 +173,9 @@ def _schedule_count(opt_state: Any, step: jax.Array) -> jax.Array:
     `step` where the optimizer keeps no schedule count (a constant learning rate).
     """
     found = optax.tree_utils.tree_get_all_with_path(
-        opt_state, "count", filtering=lambda path, _: getattr(path[-1], "tuple_name", None) == "ScaleByScheduleState"
+        opt_state,
+        "count",
+        filtering=lambda path, _: getattr(path[-1], "tuple_name", None) == optax.ScaleByScheduleState.__name__,
     )
     return found[0][1] if found else step
 

@@ -75,7 +75,7 @@ class TranslationTask:
             * config.grad_accumulation_steps
         )
         rows = sharding.process_rows(global_rows, mesh, config.mesh.rules)
-        share_index, share_count = sharding.data_share(global_rows, mesh, config.mesh.rules)
+        share_index, share_count = sharding.data_share(rows, global_rows)
         return streaming.TrainStream(
             data.train_records,
             seed=config.seed,
