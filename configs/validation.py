@@ -67,6 +67,7 @@ _DEFAULTS = {
     "nonfinite": "stop",
     "max_nonfinite_in_a_row": 10,
     "dataset.packing": True,
+    "dataset.packing_lookahead": 0,  # Runs before it packed first fit.
     "dataset.num_workers": 0,
     "model.attention_implementation": "auto",
     "host_allocator": host_memory.DEFAULT_ALLOCATOR,
@@ -143,6 +144,12 @@ def validate_config(config: ml_collections.ConfigDict, num_devices: int | None =
     if not isinstance(_get(config, "dataset.packing"), bool):
         raise UserInputError(
             f"config.dataset.packing is {_get(config, 'dataset.packing')!r}; it must be True or False."
+        )
+    lookahead = _get(config, "dataset.packing_lookahead")
+    if not isinstance(lookahead, int) or isinstance(lookahead, bool) or lookahead < 0:
+        raise UserInputError(
+            f"config.dataset.packing_lookahead is {lookahead!r}; it must be 0 (first fit) or the pairs per row "
+            "the packer picks from (e.g. 8)."
         )
     workers = _get(config, "dataset.num_workers")
     if not isinstance(workers, int) or isinstance(workers, bool) or workers < 0:

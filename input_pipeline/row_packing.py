@@ -1,26 +1,39 @@
-"""Training batches from a stream of chunks of tokenized pairs: packed first-fit, or one pair per row.
+"""Training batches from a stream of chunks of tokenized pairs: packed rows, or one pair per row.
 
 A grain transformation (an `IterDataset`) written here rather than taken from grain, because
 the stream's CPU time is taken from the train step on a 2-core machine. Fed one pair at a time,
 `grain.experimental.FirstFitPackIterDataset` and its per-element bookkeeping made the
 quick-start's pipeline cost ~57 ms of CPU per 64-row batch (~200 µs a pair, measured on the
 2-core AMD EPYC, 2026-11-23); chunks of pairs, the loop below and one thread bring it to
-16-20 ms, most of it reading and tokenizing.
+16-20 ms, most of it reading and tokenizing. Grain's packers also place each pair as it comes,
+which leaves ~2.5% of the quick-start's target positions empty; choosing among pairs kept
+waiting fills all but ~0.5% of them.
 
-The packing is grain's first fit, row for row: each pair goes into the first row where both
-of its sides still fit; the first pair that fits no row closes the batch and opens the next.
+How pairs are placed, with `lookahead` pairs in view per row of a batch:
+
+- 0: first fit as it comes, row for row grain's: each pair goes into the first row where both of
+  its sides still fit; the first pair that fits no row closes the batch and opens the next.
+- n >= 1: the packer keeps n x rows pairs in view, read ahead from the stream. It places them
+  longest first (both sides' lengths summed), each into the row that it leaves least room in
+  (best fit), reads more as it places, and closes the batch once none of those in view fits.
+  A pair passed over in OVERDUE_AFTER batches goes before all others in the next one (it then
+  fits an empty row), so no pair waits much longer and the epochs keep their order.
+
 A batch is {'inputs', 'targets', 'inputs_segment_ids', 'targets_segment_ids',
 'inputs_positions', 'targets_positions'}, each [rows, max_length] int32: segments are
 numbered 1, 2, ... in each row (0 is padding), positions restart at 0 in each segment, and
 segment k of an inputs row is the source of segment k of the targets row. Without packing,
-a batch is {'inputs', 'targets'}, one pair a row, padded.
+a batch is {'inputs', 'targets'}, one pair a row in the stream's order, padded.
 
-The position is the chunk the next pair is in (the parent iterator's state before it) and
-the pair's index in it: a batch is never half-made at a checkpoint, and a restored iterator
-makes the same next batch, or with other `rows` the batches from the same pair on.
+The position is the chunk the next unread pair is in (the parent iterator's state before it),
+the pair's index in it, and the pairs read but not yet placed, each named the same way with the
+batches it has waited: a batch is never half-made at a checkpoint, and a restored iterator makes
+the same next batch, or with other `rows` or another `lookahead` the batches from the same pairs
+on (none skipped or repeated). Positions saved before the waiting pairs were kept have none.
 """
 
-from collections.abc import Sequence
+import dataclasses
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import grain
@@ -34,6 +47,8 @@ Pair = tuple[Sequence[int], Sequence[int]]
 # Where a pair goes: (row, its segment number in the row, where each side starts in the row).
 Placement = tuple[int, int, tuple[int, int]]
 _SIDES = ("inputs", "targets")
+# Batches a pair may be passed over before it goes first (with lookahead >= 1).
+OVERDUE_AFTER = 4
 
 
 class RowBatchIterDataset(grain.IterDataset):
@@ -51,12 +66,15 @@ class RowBatchIterDataset(grain.IterDataset):
         max_length: int,
         rows: int,
         packing: bool = True,
+        lookahead: int = 0,
         give_up_after: int | None = None,
     ):
         super().__init__(parent)
-        if rows < 1 or max_length < 1:
-            raise ValueError(f"rows ({rows}) and max_length ({max_length}) must be at least 1.")
-        self._options = dict(max_length=max_length, rows=rows, packing=packing, give_up_after=give_up_after)
+        if rows < 1 or max_length < 1 or lookahead < 0:
+            raise ValueError(f"rows ({rows}) and max_length ({max_length}) must be >= 1, lookahead ({lookahead}) >= 0.")
+        self._options = dict(
+            max_length=max_length, rows=rows, packing=packing, lookahead=lookahead, give_up_after=give_up_after
+        )
 
     def __iter__(self) -> grain.DatasetIterator:
         return _RowBatchIterator(self._parent.__iter__(), **self._options)
@@ -65,44 +83,87 @@ class RowBatchIterDataset(grain.IterDataset):
         return f"RowBatchIterDataset({self._options})"
 
 
+@dataclasses.dataclass
+class _Chunk:
+    """A chunk of pairs and the parent's state before it was read (which reads it again)."""
+
+    state: dict[str, Any]
+    pairs: list[Pair]
+
+
+@dataclasses.dataclass
+class _Waiting:
+    """A pair read but not placed yet: chunk.pairs[offset], passed over in `waited` batches."""
+
+    chunk: _Chunk
+    offset: int
+    waited: int = 0
+
+    @property
+    def pair(self) -> Pair:
+        return self.chunk.pairs[self.offset]
+
+
 class _RowBatchIterator(grain.DatasetIterator):
     def __init__(
-        self, parent: grain.DatasetIterator, *, max_length: int, rows: int, packing: bool, give_up_after: int | None
+        self,
+        parent: grain.DatasetIterator,
+        *,
+        max_length: int,
+        rows: int,
+        packing: bool,
+        lookahead: int,
+        give_up_after: int | None,
     ):
         super().__init__(parent)
         self._max_length = max_length
         self._rows = rows
         self._packing = packing
+        self._best_fit = packing and lookahead > 0
+        self._in_view = rows * lookahead if self._best_fit else 1
         self._give_up_after = give_up_after
         self._misfits_in_a_row = 0
-        self._chunk_state = parent.get_state()  # The parent's state before `_chunk` was read.
-        self._chunk: list[Pair] = []
-        self._offset = 0  # The next pair: _chunk[_offset].
+        self._chunk = _Chunk(parent.get_state(), [])  # The chunk of the next unread pair.
+        self._offset = 0  # The next unread pair: _chunk.pairs[_offset].
+        self._waiting: list[_Waiting] = []  # In the order read.
 
     def get_state(self) -> dict[str, Any]:
-        if self._offset >= len(self._chunk):
+        waiting, chunk = [], None  # Grouped by chunk, in the order read.
+        for entry in self._waiting:
+            if entry.chunk is not chunk:
+                chunk = entry.chunk
+                waiting.append({"chunk": chunk.state, "pairs": []})
+            waiting[-1]["pairs"].append([entry.offset, entry.waited])
+        if self._offset >= len(self._chunk.pairs):
             # The chunk is used up (an unpacked batch can end with it): name the next one, so
             # that a restore does not read and tokenize a chunk only to skip it.
-            return {"parent": self._parent.get_state(), "offset": 0}
-        return {"parent": self._chunk_state, "offset": self._offset}
+            return {"parent": self._parent.get_state(), "offset": 0, "waiting": waiting}
+        return {"parent": self._chunk.state, "offset": self._offset, "waiting": waiting}
 
     def set_state(self, state: dict[str, Any]) -> None:
+        self._waiting = []
+        for group in state.get("waiting", []):
+            self._parent.set_state(group["chunk"])
+            chunk = _Chunk(group["chunk"], next(self._parent))
+            entries = (_Waiting(chunk, offset, waited) for offset, waited in group["pairs"])
+            # Saved under a larger max_length, a pair may no longer fit: it is left out as if read now.
+            self._waiting.extend(entry for entry in entries if self._fits(entry.pair))
         self._parent.set_state(state["parent"])
         # A finite parent may be used up there (a position saved after its last chunk): then so is this.
-        self._chunk_state, self._chunk, self._offset = state["parent"], next(self._parent, []), state["offset"]
+        self._chunk, self._offset = _Chunk(state["parent"], next(self._parent, [])), state["offset"]
         self._misfits_in_a_row = 0
 
-    def _next_pair(self) -> Pair:
-        """The next pair that fits max_length, without consuming it."""
+    def _read_pair(self) -> _Waiting:
+        """The next unread pair that fits max_length (StopIteration where a finite parent ends)."""
         while True:
-            while self._offset >= len(self._chunk):
+            while self._offset >= len(self._chunk.pairs):
                 chunk_state = self._parent.get_state()  # Kept only once the chunk is read.
-                self._chunk_state, self._chunk, self._offset = chunk_state, next(self._parent), 0
-            source, target = self._chunk[self._offset]
-            if len(source) <= self._max_length and len(target) <= self._max_length:
-                self._misfits_in_a_row = 0
-                return source, target
+                self._chunk, self._offset = _Chunk(chunk_state, next(self._parent)), 0
+            entry = _Waiting(self._chunk, self._offset)
             self._offset += 1
+            if self._fits(entry.pair):
+                self._misfits_in_a_row = 0
+                return entry
             self._misfits_in_a_row += 1
             if self._give_up_after is not None and self._misfits_in_a_row >= self._give_up_after:
                 raise UserInputError(
@@ -110,28 +171,75 @@ class _RowBatchIterator(grain.DatasetIterator):
                     f"config.dataset.max_length={self._max_length} (none or almost none fits); raise it."
                 )
 
+    def _fits(self, pair: Pair) -> bool:
+        return len(pair[0]) <= self._max_length and len(pair[1]) <= self._max_length
+
+    def _fill_view(self) -> None:
+        """Reads pairs until `_in_view` are waiting, or the parent ends."""
+        try:
+            while len(self._waiting) < self._in_view:
+                self._waiting.append(self._read_pair())
+        except StopIteration:
+            pass
+
+    def _in_placing_order(self) -> Iterator[_Waiting]:
+        if not self._best_fit:
+            return iter(self._waiting)
+        return iter(
+            sorted(
+                self._waiting,  # A stable sort: ties keep the order read.
+                key=lambda entry: (entry.waited < OVERDUE_AFTER, -len(entry.pair[0]) - len(entry.pair[1])),
+            )
+        )
+
+    def _row_for(self, pair: Pair, free: np.ndarray, most_free: list[int], rows_used: int) -> int | None:
+        """The row `pair` goes into, or None.
+
+        Args:
+            pair: the pair to place.
+            free: [2, rows] positions still free per side and row.
+            most_free: free.max(axis=1): most pairs that fit nowhere are told apart without NumPy.
+            rows_used: rows holding a pair already (without packing).
+        """
+        if not self._packing:
+            return rows_used if rows_used < self._rows else None
+        if len(pair[0]) > most_free[0] or len(pair[1]) > most_free[1]:
+            return None
+        fitting = np.flatnonzero((free[0] >= len(pair[0])) & (free[1] >= len(pair[1])))
+        if not fitting.size:
+            return None
+        if self._best_fit:
+            return int(fitting[np.argmin(free[0, fitting] + free[1, fitting])])
+        return int(fitting[0])
+
     def __next__(self) -> dict[str, np.ndarray]:
         rows, length = self._rows, self._max_length
-        # Positions used per side and row, and segments per row; a row takes a pair where both sides fit.
-        used = np.zeros((2, rows), np.int64)
+        free = np.full((2, rows), length, np.int64)  # Positions still free per side and row.
         segments = np.zeros(rows, np.int64)
         placed: list[tuple[Placement, Pair]] = []
-        while True:
-            pair = self._next_pair()
-            if self._packing:
-                fitting = np.flatnonzero((used[0] + len(pair[0]) <= length) & (used[1] + len(pair[1]) <= length))
-                if not fitting.size:
-                    break  # The pair opens the next batch.
-                row = int(fitting[0])
-            else:
-                row = len(placed)
-            segments[row] += 1
-            placed.append(((row, int(segments[row]), (int(used[0, row]), int(used[1, row]))), pair))
-            used[0, row] += len(pair[0])
-            used[1, row] += len(pair[1])
-            self._offset += 1
-            if not self._packing and len(placed) == rows:
-                break
+        while self._packing or len(placed) < rows:
+            self._fill_view()
+            if not self._waiting and not placed:
+                raise StopIteration
+            placed_now = set()
+            most_free = free.max(axis=1).tolist()
+            for entry in self._in_placing_order():
+                pair = entry.pair
+                row = self._row_for(pair, free, most_free, len(placed))
+                if row is None:
+                    continue
+                segments[row] += 1
+                starts = (length - int(free[0, row]), length - int(free[1, row]))
+                placed.append(((row, int(segments[row]), starts), pair))
+                free[0, row] -= len(pair[0])
+                free[1, row] -= len(pair[1])
+                most_free = free.max(axis=1).tolist()
+                placed_now.add(id(entry))
+            if not placed_now:
+                break  # None of the pairs in view fits: the batch is as full as it gets.
+            self._waiting = [entry for entry in self._waiting if id(entry) not in placed_now]
+        for entry in self._waiting:
+            entry.waited += 1
         return _write_rows(placed, rows, length, with_segments=self._packing)
 
 

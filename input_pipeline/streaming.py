@@ -12,9 +12,10 @@ The flow, per process (no process holds the corpus's text or all of its ids):
   chunk         CHUNK_RECORDS records at a time, each chunk read and tokenized in one call (SentencePiece ids +
                 <eos> of each side; each worker loads the tokenizer from its model file)
   batch         input_pipeline/row_packing.py: pairs with a side longer than max_length are left out; the others
-                are packed first-fit into this process's rows of the global batch, [rows, max_length], with
-                segment ids 1, 2, ... and positions restarting in each segment (without packing, one pair per
-                row, padded): ONE shape, so the step compiles once
+                are packed into this process's rows of the global batch, [rows, max_length], with segment ids
+                1, 2, ... and positions restarting in each segment: best fit among packing_lookahead x rows
+                pairs kept in view (0: first fit as they come); without packing, one pair per row, padded.
+                ONE shape, so the step compiles once
   prefetch      a background thread (or `num_workers` processes that each run the pipeline on every
                 num_workers-th chunk of the permutation), so that the next batches are made while the
                 device runs the step
@@ -23,8 +24,8 @@ A batch (packed) is {'inputs', 'targets', 'inputs_segment_ids', 'targets_segment
 'targets_positions'}, each [rows, max_length] int32 (unpacked, only the first two). Segment k of an inputs
 row is the source of segment k of the targets row.
 
-The position in the stream is grain's iterator state (a small JSON dict: the chunk of records reached and
-the next pair in it); `TrainStream.get_state` wraps it with what it is only valid for (process count,
+The position in the stream is grain's iterator state (a small JSON dict: the chunk of records reached, the
+next pair in it and the pairs in view, waiting to be placed); `TrainStream.get_state` wraps it with what it is only valid for (process count,
 workers, chunk size), and the checkpoint keeps it per process (training/checkpointing.py). Restoring it
 continues with exactly the batch that came next. Resuming where it does not fit, see `TrainStream.__init__`.
 """
@@ -117,6 +118,7 @@ def train_dataset(
     rows: int,
     seed: int,
     packing: bool = True,
+    packing_lookahead: int = 0,
     process_index: int = 0,
     process_count: int = 1,
     num_workers: int = 0,
@@ -130,7 +132,9 @@ def train_dataset(
         max_length: the row length; pairs with a longer side are left out.
         rows: this process's rows of each global batch.
         seed: the shuffle's seed (hashed, then each epoch adds its number).
-        packing: several pairs per row (first-fit) with segment ids and positions; else one pair per row.
+        packing: several pairs per row with segment ids and positions; else one pair per row.
+        packing_lookahead: pairs in view per row, from which the packer picks (best fit, longest first);
+            0: first fit, each pair as it comes (input_pipeline/row_packing.py).
         process_index, process_count: this process's share of the records.
         num_workers: 0: read, tokenize and pack in a background thread of this process; > 0: that
             many worker processes run the whole pipeline (each on every num_workers-th chunk of
@@ -150,7 +154,12 @@ def train_dataset(
     dataset = dataset.batch(CHUNK_RECORDS, batch_fn=list).map(TokenizeChunk(tokenizer_path, source_lang, target_lang))
     dataset = dataset.to_iter_dataset(grain.ReadOptions(num_threads=0, prefetch_buffer_size=0))
     dataset = RowBatchIterDataset(
-        dataset, max_length=max_length, rows=rows, packing=packing, give_up_after=give_up_after
+        dataset,
+        max_length=max_length,
+        rows=rows,
+        packing=packing,
+        lookahead=packing_lookahead,
+        give_up_after=give_up_after,
     )
     if num_workers > 0:
         options = grain.MultiprocessingOptions(num_workers=num_workers, per_worker_buffer_size=_PREFETCH_BATCHES)
@@ -187,12 +196,12 @@ class TrainStream:
     """The training batches of `train_dataset` with a position to checkpoint and restore.
 
     The position (`get_state`) is only valid for the same records, process count, number of workers and
-    chunk size (it carries its shuffle seed); batch size and max_length may change (the stream goes on from
-    the same pair). Resuming:
+    chunk size (it carries its shuffle seed); batch size, max_length and the packing lookahead may change (the
+    stream goes on from the same pairs). Resuming:
 
     - with this process's saved position (same processes and workers): exactly the batch that came next;
-      on another number of devices (other `rows`), the batches from the same pair on, of the new size
-      (no record skipped or repeated, but grouped into other batches).
+      on another number of devices (other `rows`) or with another packing lookahead, the batches from the
+      same pairs on, of the new size (no record skipped or repeated, but grouped into other batches);
     - without a usable position (`state` None at a step > 0, or one saved for another process count,
       another `num_workers`, other records, another chunk size or another shuffle: a checkpoint saved by
       another number of processes hands on the first process's, by an earlier version a bucketed one, one

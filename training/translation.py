@@ -87,6 +87,7 @@ class TranslationTask:
             max_length=dataset.max_length,
             rows=rows.stop - rows.start,
             packing=dataset.packing,
+            packing_lookahead=dataset.packing_lookahead,
             process_index=share_index,
             process_count=share_count,
             num_workers=dataset.num_workers,
