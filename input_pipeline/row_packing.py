@@ -16,8 +16,9 @@ How pairs are placed, with `lookahead` pairs in view per row of a batch:
 - n >= 1: the packer keeps n x rows pairs in view, read ahead from the stream. It places them
   longest first (both sides' lengths summed), each into the row that it leaves least room in
   (best fit), reads more as it places, and closes the batch once none of those in view fits.
-  A pair passed over in OVERDUE_AFTER batches goes before all others in the next one (it then
-  fits an empty row), so no pair waits much longer and the epochs keep their order.
+  Pairs passed over in OVERDUE_AFTER batches go before all others, the longest waiting first, so
+  that no pair waits much longer (a few more batches where many are overdue at once, as with rows
+  few for their lengths) and the epochs keep their order.
 
 A batch is {'inputs', 'targets', 'inputs_segment_ids', 'targets_segment_ids',
 'inputs_positions', 'targets_positions'}, each [rows, max_length] int32: segments are
@@ -188,7 +189,10 @@ class _RowBatchIterator(grain.DatasetIterator):
         return iter(
             sorted(
                 self._waiting,  # A stable sort: ties keep the order read.
-                key=lambda entry: (entry.waited < OVERDUE_AFTER, -len(entry.pair[0]) - len(entry.pair[1])),
+                key=lambda entry: (
+                    -entry.waited if entry.waited >= OVERDUE_AFTER else 0,  # Overdue: the longest waiting first.
+                    -len(entry.pair[0]) - len(entry.pair[1]),
+                ),
             )
         )
 

@@ -165,6 +165,7 @@ def test_config_json_of_an_earlier_version_is_valid():
     for name in ("task", "nonfinite", "max_nonfinite_in_a_row"):
         del old[name]
     del old.model["pooling"]
+    del old.dataset["packing_lookahead"]
     del old.optimizer["schedule"], old.optimizer["learning_rate_scale"]  # Before the 'paper' schedule.
     validate_config(old, num_devices=1)
     validate_config(config, num_devices=1)
@@ -197,6 +198,7 @@ def test_tiny_config_is_valid():
         ({"eval.max_decode_length": 129}, r"config\.eval\.max_decode_length \(129\) exceeds config\.model\.max_len"),
         ({"eval.num_bleu_sentences": -1}, r"config\.eval\.num_bleu_sentences must be >= 0"),
         ({"seed": -1}, r"config\.seed is -1; it must be an integer in \[0, 2\*\*63\)"),
+        ({"dataset.packing_lookahead": -1}, r"config\.dataset\.packing_lookahead is -1; it must be 0 \(first fit\)"),
         ({"optimizer.schedule": "noam"}, r"config\.optimizer\.schedule is 'noam'; choose one of \('paper', 'rsqrt'\)"),
         ({"optimizer.peak_learning_rate": 0.0}, r"peak_learning_rate is 0\.0; schedule 'rsqrt' needs a positive peak"),
         ({"optimizer.learning_rate_scale": 2.0}, r"learning_rate_scale is 2\.0 but applies to schedule 'paper' only"),
