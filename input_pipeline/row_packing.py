@@ -25,7 +25,8 @@ A batch is {'inputs', 'targets', 'inputs_segment_ids', 'targets_segment_ids',
 'inputs_positions', 'targets_positions'}, each [rows, max_length] int32: segments are
 numbered 1, 2, ... in each row (0 is padding), positions restart at 0 in each segment, and
 segment k of an inputs row is the source of segment k of the targets row. Without packing,
-a batch is {'inputs', 'targets'}, one pair a row in the stream's order, padded.
+a batch is {'inputs', 'targets'}, one pair a row in the stream's order, padded. Where a finite
+stream ends, its last batch holds what is left.
 
 The position is the chunk the next unread pair is in (the parent iterator's state before it),
 the pair's index in it, and the pairs read but not yet placed, each named the same way with the
@@ -137,22 +138,26 @@ class _RowBatchIterator(grain.DatasetIterator):
                 waiting.append({"chunk": chunk.state, "pairs": []})
             waiting[-1]["pairs"].append([entry.offset, entry.waited])
         if self._offset >= len(self._chunk.pairs):
-            # The chunk is used up (an unpacked batch can end with it): name the next one, so
-            # that a restore does not read and tokenize a chunk only to skip it.
+            # Every pair of the chunk was read (placed, or waiting): name the next one, so that a
+            # restore does not read and tokenize a chunk only to skip it.
             return {"parent": self._parent.get_state(), "offset": 0, "waiting": waiting}
         return {"parent": self._chunk.state, "offset": self._offset, "waiting": waiting}
 
     def set_state(self, state: dict[str, Any]) -> None:
-        self._waiting = []
+        self._waiting, chunk = [], None
         for group in state.get("waiting", []):
             self._parent.set_state(group["chunk"])
             chunk = _Chunk(group["chunk"], next(self._parent))
             entries = (_Waiting(chunk, offset, waited) for offset, waited in group["pairs"])
             # Saved under a larger max_length, a pair may no longer fit: it is left out as if read now.
             self._waiting.extend(entry for entry in entries if self._fits(entry.pair))
-        self._parent.set_state(state["parent"])
-        # A finite parent may be used up there (a position saved after its last chunk): then so is this.
-        self._chunk, self._offset = _Chunk(state["parent"], next(self._parent, [])), state["offset"]
+        if chunk is not None and chunk.state == state["parent"]:
+            self._chunk = chunk  # The next unread pair is in the last waiting pair's chunk: read once.
+        else:
+            self._parent.set_state(state["parent"])
+            # A finite parent may be used up there (a position saved after its last chunk): then so is this.
+            self._chunk = _Chunk(state["parent"], next(self._parent, []))
+        self._offset = state["offset"]
         self._misfits_in_a_row = 0
 
     def _read_pair(self) -> _Waiting:

@@ -190,6 +190,44 @@ def test_best_fit_among_pairs_in_view_fills_rows_fuller_than_first_fit():
     assert shares[0] + 0.1 < shares[1] < shares[4] - 0.05, shares
 
 
+def _pairs_of_lengths(lengths: list[tuple[int, int]]) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Pairs with sides of these lengths, each side 4, 5, 6, ..."""
+    return [(np.arange(4, 4 + n, dtype=np.int32), np.arange(4, 4 + m, dtype=np.int32)) for n, m in lengths]
+
+
+def test_best_fit_puts_a_pair_into_the_fullest_row_it_fits():
+    from input_pipeline.row_packing import RowBatchIterDataset
+
+    # Two pairs in view: (3, 3) and (3, 3) fill row 0 to 6, then (9, 9) fills row 1 to 9. (1, 1)
+    # fits both rows: first fit takes row 0, best fit row 1, which it fills.
+    chunks = grain.MapDataset.source([_pairs_of_lengths([(3, 3), (3, 3), (9, 9), (1, 1)])]).to_iter_dataset()
+    rows_by_lookahead = {}
+    for lookahead in (0, 1):
+        (batch,) = list(RowBatchIterDataset(chunks, max_length=10, rows=2, lookahead=lookahead))
+        rows_by_lookahead[lookahead] = batch["targets_segment_ids"].tolist()
+    assert rows_by_lookahead[0] == [[1, 1, 1, 2, 2, 2, 3, 0, 0, 0], [1] * 9 + [0]]
+    assert rows_by_lookahead[1] == [[1, 1, 1, 2, 2, 2, 0, 0, 0, 0], [1] * 9 + [2]]
+
+
+def test_a_best_fit_stream_restored_after_any_batch_goes_on_exactly():
+    from input_pipeline.row_packing import OVERDUE_AFTER, RowBatchIterDataset
+
+    dataset = RowBatchIterDataset(_chunk_stream(800, 14, seed=2), max_length=16, rows=4, lookahead=8)
+    reference = iter(dataset)
+    expected, positions = [], []
+    for _ in range(30):
+        expected.append(next(reference))
+        positions.append(json.loads(json.dumps(reference.get_state())))
+    assert max(w for p in positions for g in p["waiting"] for _, w in g["pairs"]) >= OVERDUE_AFTER
+    for after, position in enumerate(positions[:-1], start=1):
+        restored = iter(dataset)
+        restored.set_state(position)
+        for want in expected[after : after + 2]:
+            got = next(restored)
+            for key in want:
+                np.testing.assert_array_equal(got[key], want[key], err_msg=f"{key}, restored after {after}")
+
+
 @pytest.mark.parametrize("rows, lookahead, max_side, seed", [(8, 4, 12, 0), (4, 4, 14, 1), (4, 8, 14, 2)])
 def test_overdue_pairs_go_first_so_none_waits_long(rows, lookahead, max_side, seed):
     from input_pipeline.row_packing import OVERDUE_AFTER, RowBatchIterDataset
@@ -228,8 +266,9 @@ def test_rows_are_packed_as_grains_first_fit_packs_them(corpus):
             np.testing.assert_array_equal(ours[key], grains[key], err_msg=key)
 
 
-def test_unpacked_rows_hold_one_padded_pair(corpus):
-    stream = _stream(corpus, packing=False)
+@pytest.mark.parametrize("lookahead", [0, 8])  # Without packing, the lookahead changes nothing.
+def test_unpacked_rows_hold_one_padded_pair(corpus, lookahead):
+    stream = _stream(corpus, packing=False, packing_lookahead=lookahead)
     batches = _take(stream, 5)
     stream.close()
     assert all(set(b) == {"inputs", "targets"} and b["inputs"].shape == (ROWS, MAX_LENGTH) for b in batches)
@@ -398,16 +437,21 @@ def test_waiting_pairs_longer_than_a_smaller_max_length_are_left_out():
     from input_pipeline.row_packing import RowBatchIterDataset
 
     chunks = _chunk_stream(64, 12)
+    lengths = np.random.default_rng(0).integers(1, 13, (64, 2))  # `_chunk_stream`'s first draw.
     saved_under_16 = iter(RowBatchIterDataset(chunks, max_length=16, rows=4))
     next(saved_under_16)
     state = saved_under_16.get_state()  # First fit: the pair that fit no row waits.
-    ((waiting,),) = [group["pairs"] for group in state["waiting"]]
+    ((group,),) = [state["waiting"]]
+    ((offset, _),) = group["pairs"]
+    number = 4 + 16 * group["chunk"]["next_index"] + offset
+    assert lengths[number - 4].max() > 8
     for max_length in (8, 16):
         resumed = iter(RowBatchIterDataset(chunks, max_length=max_length, rows=4))
         resumed.set_state(state)
         batch = next(resumed)
         assert (batch["targets_segment_ids"] > 0).any()  # Not stuck on a pair that fits no row.
         assert batch["targets"].shape == (4, max_length)
+        assert (number in _pair_numbers(batch)) == (max_length == 16)
 
 
 def test_records_digest_tells_contents_apart_and_ignores_the_reading(corpus):
@@ -476,11 +520,9 @@ def test_workers_make_the_same_stream_on_every_run_and_restore(corpus):
     assert os.path.exists(corpus[1])
 
 
-def test_unpacked_row_batches_restore_where_a_batch_ends_a_chunk():
-    """A position saved where a batch used up its chunk names the next chunk, which a restore reads first.
-
-    Only unpacked batches end there: a packed batch ends at a pair that did not fit, read already.
-    """
+@pytest.mark.parametrize("lookahead", [0, 8])  # Without packing, no pair is read ahead.
+def test_unpacked_row_batches_restore_where_a_batch_ends_a_chunk(lookahead):
+    """A position saved where a batch used up its chunk names the next chunk, which a restore reads first."""
     from input_pipeline.row_packing import RowBatchIterDataset
 
     rng = np.random.default_rng(0)
@@ -495,7 +537,9 @@ def test_unpacked_row_batches_restore_where_a_batch_ends_a_chunk():
 
     chunk_stream = grain.MapDataset.source(range(len(chunks))).repeat().map(read_chunk)
     no_read_ahead = grain.ReadOptions(num_threads=0, prefetch_buffer_size=0)
-    dataset = RowBatchIterDataset(chunk_stream.to_iter_dataset(no_read_ahead), max_length=8, rows=4, packing=False)
+    dataset = RowBatchIterDataset(
+        chunk_stream.to_iter_dataset(no_read_ahead), max_length=8, rows=4, packing=False, lookahead=lookahead
+    )
     reference = iter(dataset)
     expected = [next(reference) for _ in range(8)]
     for saved_after in (1, 3):
