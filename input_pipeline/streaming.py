@@ -25,9 +25,10 @@ A batch (packed) is {'inputs', 'targets', 'inputs_segment_ids', 'targets_segment
 row is the source of segment k of the targets row.
 
 The position in the stream is grain's iterator state (a small JSON dict: the chunk of records reached, the
-next pair in it and the pairs in view, waiting to be placed); `TrainStream.get_state` wraps it with what it is only valid for (process count,
-workers, chunk size), and the checkpoint keeps it per process (training/checkpointing.py). Restoring it
-continues with exactly the batch that came next. Resuming where it does not fit, see `TrainStream.__init__`.
+next pair in it and the pairs in view, waiting to be placed); `TrainStream.get_state` wraps it with what
+it is only valid for (process count, workers, chunk size), and the checkpoint keeps it per process
+(training/checkpointing.py). Restoring it continues with exactly the batch that came next. Resuming where it
+does not fit, see `TrainStream.__init__`.
 """
 
 import hashlib

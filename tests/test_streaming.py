@@ -244,8 +244,6 @@ def test_overdue_pairs_go_first_so_none_waits_long(rows, lookahead, max_side, se
     assert OVERDUE_AFTER <= most_waited <= 2 * OVERDUE_AFTER
 
 
-
-
 def test_rows_are_packed_as_grains_first_fit_packs_them(corpus):
     """The stream's packer (input_pipeline/row_packing.py) writes grain's first-fit batches, array for array."""
     stream = _stream(corpus)
