@@ -7,8 +7,8 @@ quick-start's pipeline cost ~57 ms of CPU per 64-row batch (~200 µs a pair, mea
 2-core AMD EPYC, 2026-11-23); chunks of pairs, the loop below and one thread bring it to
 16-20 ms, most of it reading and tokenizing. Grain's packers also place each pair as it comes,
 which leaves ~2.5% of the quick-start's target positions empty; choosing among pairs kept
-waiting fills all but ~0.5% of them, for ~2 ms more CPU a batch (on a machine where the whole
-stream took 50-60 ms a batch).
+waiting fills all but ~0.5% of them, for 2-15 ms more CPU a batch than first fit's 50-62 ms (four
+runs of the quick-start's stream on a slower machine, 2026-11-23), most of it in `_row_for`.
 
 How pairs are placed, with `lookahead` pairs in view per row of a batch:
 
@@ -36,7 +36,7 @@ on (none skipped or repeated). Positions saved before the waiting pairs were kep
 """
 
 import dataclasses
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import grain
@@ -189,17 +189,15 @@ class _RowBatchIterator(grain.DatasetIterator):
         except StopIteration:
             pass
 
-    def _in_placing_order(self) -> Iterator[_Waiting]:
+    def _in_placing_order(self) -> list[_Waiting]:
         if not self._best_fit:
-            return iter(self._waiting)
-        return iter(
-            sorted(
-                self._waiting,  # A stable sort: ties keep the order read.
-                key=lambda entry: (
-                    -entry.waited if entry.waited >= OVERDUE_AFTER else 0,  # Overdue: the longest waiting first.
-                    -len(entry.pair[0]) - len(entry.pair[1]),
-                ),
-            )
+            return self._waiting
+        return sorted(
+            self._waiting,  # A stable sort: ties keep the order read.
+            key=lambda entry: (
+                -entry.waited if entry.waited >= OVERDUE_AFTER else 0,  # Overdue: the longest waiting first.
+                -len(entry.pair[0]) - len(entry.pair[1]),
+            ),
         )
 
     def _row_for(self, pair: Pair, free: np.ndarray, most_free: list[int], rows_used: int) -> int | None:
