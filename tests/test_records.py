@@ -11,6 +11,7 @@ import random
 
 import pytest
 import tensorflow_datasets as tfds
+from array_record.python.array_record_module import ArrayRecordWriter
 from conftest import tiny_config, write_corpus_slice
 
 from common.errors import UserInputError
@@ -85,6 +86,39 @@ def test_the_record_source_reads_what_tfds_reads_across_shards(tmp_path, corpus_
     assert copy.deepcopy(split)[len(source) - 1] == source[len(source) - 1]
     with pytest.raises(IndexError):
         source[len(source)]
+
+
+@pytest.mark.parametrize(
+    "features, examples",
+    [
+        (  # Text only: decoded by protobuf's parser alone.
+            {"en": tfds.features.Text(), "de": tfds.features.Text()},
+            [{"en": "Öffnen", "de": ""}, {"en": "a b", "de": "ß"}],
+        ),
+        (  # Not all text, or text that may be missing: decoded by the features.
+            {"text": tfds.features.Text(), "label": tfds.features.ClassLabel(names=["no", "yes"])},
+            [{"text": "x", "label": 1}, {"text": "", "label": 0}],
+        ),
+        (
+            {"text": tfds.features.Text(), "note": tfds.features.Text(optional=True)},
+            [{"text": "x", "note": None}, {"text": "y", "note": "z"}],
+        ),
+    ],
+)
+def test_the_record_source_decodes_as_the_features_do(tmp_path, features, examples):
+    features = tfds.features.FeaturesDict(features)
+    path = str(tmp_path / "records.array_record")
+    writer = ArrayRecordWriter(path, "group_size:1")
+    for example in examples:
+        writer.write(features.serialize_example(example))
+    writer.close()
+    source = ArrayRecordSource([path], [len(examples)], features)
+    for index, example in enumerate(examples):
+        decoded = source[index]
+        assert decoded.keys() == features.keys()
+        expected = features.deserialize_example_np(features.serialize_example(example))
+        for key in features.keys():
+            assert type(decoded[key]) is type(expected[key]) and decoded[key] == expected[key], (key, decoded)
 
 
 def test_a_second_start_does_not_read_the_text_files(tmp_path, corpus_dir):

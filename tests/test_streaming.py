@@ -62,8 +62,8 @@ def _expected_pairs(corpus, seed: int, process_index: int = 0, process_count: in
     """The tokenized, length-filtered pairs of a process's record stream, in order (first six epochs)."""
     records, path = corpus
     tokenize = streaming.TokenizePair(path, "en", "de")
-    share = streaming.process_records(records, seed, process_index, process_count)
-    pairs = [tokenize.map(share[i]) for i in range(6 * (len(records) // process_count))]
+    share = streaming.process_record_indices(len(records), seed, process_index, process_count)
+    pairs = [tokenize.map(records[share[i]]) for i in range(6 * (len(records) // process_count))]
     return [
         (tuple(p["inputs"].tolist()), tuple(p["targets"].tolist()))
         for p in pairs
@@ -78,10 +78,10 @@ def _placed_and_waiting(corpus, position: dict, seed: int = 3) -> tuple[collecti
     """
     records, path = corpus
     tokenize = streaming.TokenizePair(path, "en", "de")
-    share = streaming.process_records(records, seed, 0, 1)
+    share = streaming.process_record_indices(len(records), seed, 0, 1)
 
     def pair(chunk: dict, offset: int) -> tuple:
-        ids = tokenize.map(share[chunk["next_index"] * streaming.CHUNK_RECORDS + offset])
+        ids = tokenize.map(records[share[chunk["next_index"] * streaming.CHUNK_RECORDS + offset]])
         return tuple(ids["inputs"].tolist()), tuple(ids["targets"].tolist())
 
     grain_position = position["grain"]
@@ -94,16 +94,21 @@ def _placed_and_waiting(corpus, position: dict, seed: int = 3) -> tuple[collecti
 
 
 def test_shuffle_covers_every_record_once_per_epoch_and_differs_per_epoch():
-    records = list(range(50))
-    stream = streaming.process_records(records, seed=1, process_index=0, process_count=1)
+    stream = streaming.process_record_indices(50, seed=1, process_index=0, process_count=1)
     epochs = [[stream[e * 50 + i] for i in range(50)] for e in range(3)]
     for epoch in epochs:
-        assert sorted(epoch) == records
-    assert epochs[0] != epochs[1] != epochs[2] and epochs[0] != records
+        assert sorted(epoch) == list(range(50))
+    assert epochs[0] != epochs[1] != epochs[2] and epochs[0] != list(range(50))
 
 
-def test_processes_read_disjoint_records_whose_union_is_everything():
-    records = list(range(51))  # Not a multiple of the process count: the last record waits for another epoch.
+def test_processes_read_disjoint_records_whose_union_is_everything(corpus):
+    records, path = corpus  # 150 records: 3 processes' shares of 50 each.
+    shares = [streaming.process_record_indices(150, seed=3, process_index=p, process_count=3) for p in range(3)]
+    first_epoch = [[share[i] for i in range(50)] for share in shares]
+    assert all(len(set(share)) == 50 for share in first_epoch)
+    union = set().union(*map(set, first_epoch))
+    assert len(union) == 150 and union == set(range(150))
+
     read = []
 
     class Recording(list):
@@ -111,15 +116,22 @@ def test_processes_read_disjoint_records_whose_union_is_everything():
             read.append(index)
             return super().__getitem__(index)
 
-    shares = []
-    for process in range(3):
-        read.clear()
-        share = streaming.process_records(Recording(records), seed=1, process_index=process, process_count=3)
-        shares.append([share[i] for i in range(17)])
-        assert sorted(read) == sorted(shares[-1])  # It reads its own records only.
-    assert all(len(set(share)) == 17 for share in shares)
-    union = set().union(*map(set, shares))
-    assert len(union) == 51 and union == set(records)
+    # A process's stream reads its own records only, in its share's order (after the records_digest's samples).
+    stream = streaming.TrainStream(
+        Recording(records),
+        seed=3,
+        tokenizer_path=path,
+        source_lang="en",
+        target_lang="de",
+        max_length=MAX_LENGTH,
+        rows=ROWS,
+        process_index=1,
+        process_count=3,
+    )
+    _take(stream, 3)
+    stream.close()
+    streamed = read[streaming._SAMPLED_RECORDS :]
+    assert streamed and streamed == [shares[1][i] for i in range(len(streamed))]
 
 
 @pytest.mark.parametrize("lookahead", [0, 2])
@@ -319,8 +331,7 @@ def test_fewer_records_than_processes_is_one_error(corpus):
 
 
 def test_neighbouring_seeds_shuffle_every_epoch_differently():
-    records = list(range(200))
-    streams = {seed: streaming.process_records(records, seed, 0, 1) for seed in (0, 1)}
+    streams = {seed: streaming.process_record_indices(200, seed, 0, 1) for seed in (0, 1)}
     orders = {tuple(streams[seed][epoch * 200 + i] for i in range(200)) for seed in (0, 1) for epoch in range(3)}
     assert len(orders) == 6  # Not seed 1's epoch e the same as seed 0's epoch e + 1 (grain's seed + epoch).
 
