@@ -122,7 +122,7 @@ class LabelledIds:
         """
         labels = np.zeros(batch_size, np.int32)
         labels[: len(indices)] = self.labels[np.asarray(indices, np.int64)]
-        return {"inputs": pad_ids(self.sources, indices, length, batch_size), "labels": labels}
+        return {"inputs": pad_ids(self.sources, indices, length, batch_size, keep_eos=True), "labels": labels}
 
 
 # What batches are made of: pairs (translation) or labelled sentences (classification).
@@ -143,15 +143,22 @@ def bucket_of(lengths: np.ndarray, boundaries: Sequence[int]) -> np.ndarray:
     return np.searchsorted(np.asarray(boundaries), lengths, side="left")
 
 
-def pad_ids(side: RaggedIds, indices: np.ndarray, length: int, batch_size: int) -> np.ndarray:
-    """Pads (or truncates) the sequences at `indices` into [batch_size, length] int32.
+def pad_ids(
+    side: RaggedIds, indices: np.ndarray, length: int, batch_size: int, *, keep_eos: bool = False
+) -> np.ndarray:
+    """Pads (or cuts) the sequences at `indices` into [batch_size, length] int32.
 
     Rows past len(indices) are all padding: filler rows that carry no loss weight and
-    that decoding skips.
+    that decoding skips. With `keep_eos`, a sequence longer than `length` keeps its last
+    id, <eos>, after its first length - 1 (the model has only seen inputs that end with
+    it; translate.py cuts its sources the same way); without, it is cut to its first
+    `length` (a target's prefix, whose loss needs no <eos>).
     """
     padded = np.full((batch_size, length), PAD_ID, np.int32)
     for row, index in enumerate(indices):
-        ids = side[index][:length]
+        ids = side[index]
+        if len(ids) > length:
+            ids = np.concatenate([ids[: length - 1], ids[-1:]]) if keep_eos else ids[:length]
         padded[row, : len(ids)] = ids
     return padded
 
@@ -159,7 +166,7 @@ def pad_ids(side: RaggedIds, indices: np.ndarray, length: int, batch_size: int) 
 def pad_batch(pairs: ParallelIds, indices: np.ndarray, length: int, batch_size: int) -> dict[str, np.ndarray]:
     """Pads the pairs at `indices` into {'inputs', 'targets'}: [batch_size, length] int32 each."""
     return {
-        "inputs": pad_ids(pairs.sources, indices, length, batch_size),
+        "inputs": pad_ids(pairs.sources, indices, length, batch_size, keep_eos=True),
         "targets": pad_ids(pairs.targets, indices, length, batch_size),
     }
 
@@ -268,7 +275,7 @@ def length_sorted_batches(
 ) -> Iterator[tuple[int, np.ndarray]]:
     """Every example exactly once, shortest first, in batches of its bucket's size.
 
-    Examples longer than the last bucket go into it (and are truncated by the caller).
+    Examples longer than the last bucket go into it (and are cut by the caller).
 
     Yields:
         (bucket length, example indices); the last batch of a bucket may be short.
@@ -288,7 +295,7 @@ def eval_batches(
 ) -> Iterator[tuple[dict[str, np.ndarray], np.ndarray]]:
     """Every pair exactly once, in batches bucketed by the longer side and padded to full size.
 
-    Pairs longer than the last bucket are truncated to it (the caller warns).
+    Pairs longer than the last bucket are cut to it, sources keeping their <eos> (the caller warns).
 
     Yields:
         (batch, indices): this process's `rows` of the padded global batch, and
@@ -304,7 +311,7 @@ def source_batches(
 ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
     """Every source exactly once, bucketed by its own length: the batches to translate.
 
-    Sources longer than the last bucket are truncated to it (the caller warns).
+    Sources longer than the last bucket are cut to it, keeping their <eos> (the caller warns).
 
     Yields:
         (inputs: this process's `rows` of the padded [batch_size, length] int32 global
@@ -312,4 +319,4 @@ def source_batches(
     """
     for length, indices in length_sorted_batches(sources.lengths, boundaries, batch_sizes):
         local = rows(batch_sizes[length])
-        yield pad_ids(sources, indices[local], length, local.stop - local.start), indices
+        yield pad_ids(sources, indices[local], length, local.stop - local.start, keep_eos=True), indices

@@ -444,13 +444,24 @@ def test_eval_batches_yield_every_pair_once(batch_sizes):
         assert 0 < len(indices) <= batch_sizes[length]
         for key, side in (("inputs", pairs.sources), ("targets", pairs.targets)):
             for row, index in zip(batch[key], indices):
-                ids = side[index][:length]
+                ids = side[index]
+                if len(ids) > length:
+                    # A long source is cut keeping its <eos> (its last id); a long target is cut to a prefix.
+                    ids = np.concatenate([ids[: length - 1], ids[-1:]]) if key == "inputs" else ids[:length]
                 np.testing.assert_array_equal(row[: len(ids)], ids)
                 assert np.all(row[len(ids) :] == PAD_ID)
             assert np.all(batch[key][len(indices) :] == PAD_ID)  # Filler rows: all padding.
         seen.extend(indices.tolist())
     assert sorted(seen) == list(range(len(pairs)))
     assert len(seen) == len(pairs)
+
+
+def test_sources_to_translate_are_cut_to_the_last_bucket_keeping_their_eos():
+    sources = RaggedIds.from_lists([[5, 6, EOS_ID], [7, 8, 9, 10, 11, 12, EOS_ID]])
+    batches = list(batching.source_batches(sources, (2, 4), {2: 2, 4: 2}))
+    ((inputs, indices),) = [(inputs, indices) for inputs, indices in batches if 1 in indices]
+    row = inputs[list(indices).index(1)]
+    assert row.tolist() == [7, 8, 9, EOS_ID]  # Not [7, 8, 9, 10]: the model has only seen sources end with <eos>.
 
 
 def test_tokenizer_too_large_for_its_corpus_is_a_user_error(tmp_path):

@@ -101,7 +101,7 @@ def translate_ids(setup: EvalSetup, params, sources: batching.RaggedIds) -> list
     """Output ids of every source, in their order, each cut before its first <eos>.
 
     Sources are batched by their own length; those longer than the last bucket are
-    truncated to it (callers warn). Every process gets every output.
+    cut to it, keeping their <eos> (callers warn). Every process gets every output.
     """
     outputs = [[] for _ in range(len(sources))]
     base_rng = jax.random.PRNGKey(setup.seed)
@@ -168,7 +168,7 @@ def evaluate_split(
     if long_sources or long_targets:
         logging.warning(
             "%s: %d source and %d target sentences are longer than %d subwords: translations are of the "
-            "truncated sources, and the loss is over the truncated pairs.",
+            "sources cut to that length (ending with <eos>), and the loss is over the cut pairs.",
             split,
             long_sources,
             long_targets,
