@@ -49,7 +49,7 @@ def _sources(config, workdir: str | None, batch_size: int) -> tuple[np.ndarray, 
     sources = corpus.ids["test"].sources
     indices = np.arange(batch_size)
     length = int(min(sources.lengths[indices].max(), config.dataset.max_length))
-    return batching.pad_ids(sources, indices, length, batch_size), corpus.tokenizer.vocab_size()
+    return batching.pad_ids(sources, indices, length, batch_size, keep_eos=True), corpus.tokenizer.vocab_size()
 
 
 def main(argv):

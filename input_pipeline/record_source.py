@@ -5,11 +5,11 @@ costs a fixed ~55 ms a call on a 4.5M-record file (measured on the 2-core machin
 the README: 57 ms for one record, 115 ms for 2,000), so reading shuffled records one
 at a time, as a grain pipeline does, would take minutes per batch. `read(i, i + 1)`,
 a one-record range, costs 7-90 µs. This source uses that, and decodes each record
-as the dataset's own features do, so record i is what `as_data_source(split)[i]` is. Records
-whose features are all text (translation and classification data) are decoded by protobuf's
-parser alone, ~7 µs a record where the features' own decoding takes ~75 µs (both measured
-on the README's 2-core machine, 2026-11-24): at ~270 records a training batch, that is CPU
-the train step would otherwise share.
+as the dataset's own features do, so record i is what `as_data_source(split)[i]` is.
+Records whose features are all text (translation data, the local labelled-text files) are
+decoded by protobuf's parser alone, ~7 µs a record where the features' own decoding takes
+~75 µs (both measured on the README's 2-core machine, 2026-11-24): at ~270 records a
+training batch, that is CPU the train step would otherwise share.
 """
 
 import bisect
@@ -61,22 +61,40 @@ class ArrayRecordSource(Sequence[dict[str, Any]]):
         serialized = self._readers[shard].read(position, position + 1)[0]
         if self._text_keys is None:
             return self._features.deserialize_example_np(serialized)
-        feature = tf_example_pb2.Example.FromString(serialized).features.feature
-        return {key: feature[key].bytes_list.value[0] for key in self._text_keys}
+        return _decode_text_example(serialized, self._text_keys, index)
 
     def __getstate__(self) -> dict:
         return {**self.__dict__, "_readers": [None] * len(self._paths)}
 
 
+def _decode_text_example(serialized: bytes, keys: list[str], index: int) -> dict[str, bytes]:
+    """{key: the bytes of its one value} of a serialized tf.train.Example of text features."""
+    feature = tf_example_pb2.Example.FromString(serialized).features.feature
+    example = {}
+    for key in keys:
+        values = feature[key].bytes_list.value if key in feature else ()
+        if len(values) != 1:
+            raise ValueError(f"Record {index} holds {len(values)} values of its text feature {key!r}, not one.")
+        example[key] = values[0]
+    return example
+
+
 def _text_feature_keys(features: tfds.features.FeatureConnector) -> list[str] | None:
     """The keys of `features` if it is a flat dict of required plain Text features, else None.
 
-    Such a feature is stored as a bytes_list of one value and decoded as those bytes.
+    Such a feature is stored as a bytes_list of one value and decoded as those bytes (a Text with
+    an encoder stores int64 ids instead).
     """
     if not isinstance(features, tfds.features.FeaturesDict):
         return None
     for feature in features.values():
-        plain_text = type(feature) is tfds.features.Text and feature.encoder is None
-        if not plain_text or feature.get_tensor_info().optional:
+        stored = feature.get_serialized_info()
+        if not (
+            type(feature) is tfds.features.Text
+            and isinstance(stored, tfds.features.TensorInfo)
+            and stored.np_dtype == np.object_
+            and stored.shape == ()
+            and not feature.get_tensor_info().optional
+        ):
             return None
     return list(features.keys())

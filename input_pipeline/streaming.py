@@ -51,7 +51,8 @@ Batch = dict[str, np.ndarray]
 _PREFETCH_BATCHES = 2
 # Records read and tokenized in one call (about one quick-start batch of pairs). In-process, the
 # whole pipeline runs in the one prefetch thread: map threads would only contend for the GIL and
-# the cores (quick-start batches: 16-20 ms of CPU each in one thread, 28 ms with two map threads).
+# the cores (quick-start batches, on the faster 2-core machine of 2026-11-23: 16-20 ms of CPU each in one
+# thread, 28 ms with two map threads).
 CHUNK_RECORDS = 256
 # The order a position indexes: 2 shuffles with the hashed seed (`process_record_indices`). A position saved
 # for another order (none saved before the hashing has this field) does not fit.

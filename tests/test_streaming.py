@@ -101,7 +101,26 @@ def test_shuffle_covers_every_record_once_per_epoch_and_differs_per_epoch():
     assert epochs[0] != epochs[1] != epochs[2] and epochs[0] != list(range(50))
 
 
+# Each process's first 20 record indices of 51 records over 3 processes, seed 3, as streams read them
+# since the seed was hashed (recorded from the code of commit 422f9c4, which shuffled grain's source
+# of the records): a position indexes this order, so a resumed run depends on it staying the same.
+SHARES_OF_51_RECORDS = (
+    [19, 35, 32, 23, 11, 44, 13, 29, 8, 46, 40, 24, 9, 34, 1, 38, 48, 5, 39, 48],
+    [3, 41, 30, 43, 45, 16, 50, 26, 25, 22, 39, 4, 49, 7, 6, 0, 20, 44, 21, 0],
+    [14, 5, 21, 42, 12, 28, 37, 15, 47, 36, 10, 17, 33, 31, 18, 2, 27, 10, 3, 30],
+)
+
+
+def test_the_record_order_is_the_one_saved_positions_index():
+    for process, expected in enumerate(SHARES_OF_51_RECORDS):
+        share = streaming.process_record_indices(51, seed=3, process_index=process, process_count=3)
+        assert [share[i] for i in range(20)] == expected
+
+
 def test_processes_read_disjoint_records_whose_union_is_everything(corpus):
+    first_epoch = [set(share[:17]) for share in SHARES_OF_51_RECORDS]  # 51 records: 17 a process.
+    assert all(len(share) == 17 for share in first_epoch)
+    assert set().union(*first_epoch) == set(range(51))
     records, path = corpus  # 150 records: 3 processes' shares of 50 each.
     shares = [streaming.process_record_indices(150, seed=3, process_index=p, process_count=3) for p in range(3)]
     first_epoch = [[share[i] for i in range(50)] for share in shares]
