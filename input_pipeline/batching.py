@@ -143,9 +143,7 @@ def bucket_of(lengths: np.ndarray, boundaries: Sequence[int]) -> np.ndarray:
     return np.searchsorted(np.asarray(boundaries), lengths, side="left")
 
 
-def pad_ids(
-    side: RaggedIds, indices: np.ndarray, length: int, batch_size: int, *, keep_eos: bool = False
-) -> np.ndarray:
+def pad_ids(side: RaggedIds, indices: np.ndarray, length: int, batch_size: int, *, keep_eos: bool) -> np.ndarray:
     """Pads (or cuts) the sequences at `indices` into [batch_size, length] int32.
 
     Rows past len(indices) are all padding: filler rows that carry no loss weight and
@@ -167,7 +165,7 @@ def pad_batch(pairs: ParallelIds, indices: np.ndarray, length: int, batch_size: 
     """Pads the pairs at `indices` into {'inputs', 'targets'}: [batch_size, length] int32 each."""
     return {
         "inputs": pad_ids(pairs.sources, indices, length, batch_size, keep_eos=True),
-        "targets": pad_ids(pairs.targets, indices, length, batch_size),
+        "targets": pad_ids(pairs.targets, indices, length, batch_size, keep_eos=False),
     }
 
 

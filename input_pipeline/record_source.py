@@ -8,7 +8,7 @@ a one-record range, costs 7-90 µs. This source uses that, and decodes each reco
 as the dataset's own features do, so record i is what `as_data_source(split)[i]` is.
 Records whose features are all text (translation data, the local labelled-text files) are
 decoded by protobuf's parser alone, ~7 µs a record where the features' own decoding takes
-~75 µs (both measured on the README's 2-core machine, 2026-11-24): at ~270 records a
+~75 µs (both measured on a 2-core AMD EPYC with AVX2, 2026-11-24): at ~270 records a
 training batch, that is CPU the train step would otherwise share.
 """
 
