@@ -17,7 +17,8 @@ import sys
 
 from absl import app, flags
 
-from training import io_errors, sweep, sweep_report
+from common import io_errors
+from training import sweep, sweep_report
 
 _SWEEP = flags.DEFINE_string("sweep", None, "Sweep file (configs/sweeps/*.py): a base config and named variants.")
 _ROOT = flags.DEFINE_string("root", None, "Folder of the sweep's runs (<root>/<variant>/seed_<k>) and results.")

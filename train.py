@@ -18,10 +18,10 @@ import jax
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from common import host_memory, processes
+from common import host_memory, io_errors, processes
 from common.errors import TrainingStopped, UserInputError
 from configs.validation import validate_config
-from training import compilation_cache, distributed, io_errors, workdir
+from training import compilation_cache, distributed, workdir
 from training.logs import quiet_library_logs
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file (configs/*.py).", lock_config=True)

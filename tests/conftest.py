@@ -2,10 +2,12 @@
 
 import gzip
 import os
+import struct
 import subprocess
 import sys
 
 import pytest
+from tensorboardX.proto import event_pb2
 
 from common import host_memory
 from models import TransformerConfig
@@ -97,3 +99,23 @@ def run_entry_point(script: str, *args: str, stdin: str | bytes | None = None) -
         for out in (result.stdout, result.stderr)
     )
     return result
+
+
+def read_events(directory: str) -> list[event_pb2.Event]:
+    """Events of every event file in `directory`, as TensorBoard reads them.
+
+    TFRecord framing: length (8 bytes), its CRC (4), the data, its CRC (4). A record cut short
+    at the end of a file (a write that failed) is left out, as TensorBoard leaves it out.
+    """
+    events = []
+    for name in sorted(os.listdir(directory)):
+        with open(os.path.join(directory, name), "rb") as f:
+            data = f.read()
+        offset = 0
+        while offset + 12 <= len(data):
+            (length,) = struct.unpack_from("<Q", data, offset)
+            if offset + 12 + length + 4 > len(data):
+                break
+            events.append(event_pb2.Event.FromString(data[offset + 12 : offset + 12 + length]))
+            offset += 12 + length + 4
+    return events

@@ -4,16 +4,14 @@ import dataclasses
 import functools
 import gzip
 import os
-import struct
 
 import flax.linen as nn
 import jax
 import matplotlib.image
 import numpy as np
 import pytest
-from conftest import BUNDLED_CORPUS, TINY_MODEL
+from conftest import BUNDLED_CORPUS, TINY_MODEL, read_events
 from matplotlib.figure import Figure
-from tensorboardX.proto import event_pb2
 
 from common.errors import UserInputError
 from common.special_ids import EOS_ID, PAD_ID
@@ -236,20 +234,6 @@ def test_save_writes_one_png_per_map(figures, tmp_path):
             assert f.read(8) == PNG_SIGNATURE
         height, width, _ = matplotlib.image.imread(path).shape  # Decodes the whole image.
         assert (width, height) == tuple(round(x) for x in figure.get_size_inches() * figure.dpi)
-
-
-def read_events(directory: str) -> list[event_pb2.Event]:
-    """Events of every event file in `directory` (TFRecord framing: length, its CRC, data, its CRC)."""
-    events = []
-    for name in sorted(os.listdir(directory)):
-        with open(os.path.join(directory, name), "rb") as f:
-            data = f.read()
-        offset = 0
-        while offset < len(data):
-            (length,) = struct.unpack_from("<Q", data, offset)
-            events.append(event_pb2.Event.FromString(data[offset + 12 : offset + 12 + length]))
-            offset += 12 + length + 4
-    return events
 
 
 def test_tensorboard_gets_one_image_per_map(figures, tmp_path):

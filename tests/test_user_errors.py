@@ -15,16 +15,17 @@ import subprocess
 import jax
 import jax.numpy as jnp
 import pytest
-from conftest import TINY_MODEL, run_entry_point, tiny_config
+from conftest import TINY_MODEL, read_events, run_entry_point, tiny_config
 from test_bad_input import assert_clean_failure, snapshot
 
+from common import io_errors
 from common.errors import UserInputError
 from configs.validation import validate_config
 from input_pipeline import tokenizer as tokenizer_lib
 from input_pipeline.parallel_text import decode_lines
 from models import Transformer
 from models.decoding import decoding_memory_bytes
-from training import io_errors
+from training import metric_log
 from training.state import init_params
 
 # The message Orbax raised (from TensorStore) when a checkpoint save filled a tmpfs, as it was.
@@ -268,6 +269,46 @@ def test_a_failed_checkpoint_save_is_one_line_and_keeps_earlier_checkpoints(trai
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "Resumed from step 3" in resumed.stderr
     assert sorted(os.listdir(os.path.join(workdir, "checkpoints"))) == ["3", "6"]
+
+
+# Writes a scalar, then a figure too large for the file size limit; prints the error as the entry points would.
+_WRITE_EVENTS = """
+import sys
+import numpy as np
+from matplotlib.figure import Figure
+from common import io_errors
+from training.metrics_writer import MetricWriter
+
+writer = MetricWriter(sys.argv[1], "eval")
+writer.write(1, {"loss": 2.5})
+noise = Figure(figsize=(4, 4))
+noise.add_subplot().imshow(np.random.default_rng(0).random((100, 100)))  # A PNG of ~100 kB.
+try:
+    writer.write_figures(2, {"noise": noise})
+except OSError as e:
+    print(io_errors.describe(e, sys.argv[1]))
+"""
+
+
+def test_a_failed_tensorboard_write_raises_naming_the_event_file(tmp_path):
+    """Not lost in a writer thread: the write that fails raises, and what was written before stays readable."""
+    script = tmp_path / "write_events.py"
+    script.write_text(_WRITE_EVENTS)
+    workdir = str(tmp_path / "run")
+    result = run_entry_point("-c", _WITH_FILE_SIZE_LIMIT, "20000", str(script), workdir)
+    assert result.returncode == 0, result.stderr[-3000:]
+    [event_file] = os.listdir(os.path.join(workdir, "tensorboard", "eval"))
+    assert result.stdout.strip() == (
+        f"cannot write {workdir}/tensorboard/eval/{event_file}: File too large (errno 27); raise the file size "
+        "limit (`ulimit -f`) or choose another --workdir"
+    )
+    scalars = [
+        (event.step, value.tag, value.simple_value)
+        for event in read_events(os.path.join(workdir, "tensorboard", "eval"))
+        for value in event.summary.value
+    ]
+    assert scalars == [(1, "loss", 2.5)]
+    assert metric_log.read(workdir, "eval") == {1: {"loss": 2.5}}
 
 
 @pytest.fixture

@@ -7,7 +7,7 @@ import warnings
 
 from absl import logging as absl_logging
 
-from training import io_errors
+from common import io_errors
 
 _PROJECT_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -1,12 +1,18 @@
 """Scalars and figures to TensorBoard event files, scalars also as JSON lines and to the log, from process 0 only."""
 
 import os
+import socket
+import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 import jax
 from absl import logging
-from tensorboardX import SummaryWriter
+from tensorboardX import summary
+from tensorboardX.proto.event_pb2 import Event
+from tensorboardX.proto.summary_pb2 import Summary
+from tensorboardX.record_writer import RecordWriter
+from tensorboardX.utils import figure_to_image
 
 from training import metric_log
 
@@ -14,21 +20,50 @@ if TYPE_CHECKING:  # matplotlib is imported only by the code that draws figures.
     from matplotlib.figure import Figure
 
 
+class EventFile:
+    """One TensorBoard event file, written and flushed in the caller's thread.
+
+    Not tensorboardX's `SummaryWriter`: it writes from a background thread, where a failed
+    write (a full disk) only prints a traceback. The thread then dies, the run goes on
+    without its TensorBoard events, and once ten more events wait in its queue, the next
+    write blocks forever. Here a failed write raises `OSError` naming the file, where the
+    entry points report it as one line.
+    """
+
+    def __init__(self, folder: str):
+        os.makedirs(folder, exist_ok=True)
+        # TensorBoard reads every file with "tfevents" in its name; the pid keeps two writers apart.
+        name = f"events.out.tfevents.{int(time.time())}.{socket.gethostname()}.{os.getpid()}"
+        self.path = os.path.join(folder, name)
+        self._records = RecordWriter(self.path)
+        self.append([Event(wall_time=time.time(), file_version="brain.Event:2")])
+
+    def append(self, events: list[Event]) -> None:
+        """Writes `events` and flushes them to disk (fsync)."""
+        try:
+            for event in events:
+                self._records.write(event.SerializeToString())
+            self._records.flush()
+        except OSError as e:  # Python's buffered writes do not say which file failed.
+            raise OSError(e.errno, e.strerror, self.path) from e
+
+    def close(self) -> None:
+        self._records.close()
+
+
 class MetricWriter:
     """Writes scalar metrics and figures under <workdir>/tensorboard/<name>, scalars also to `metric_log`."""
 
     def __init__(self, workdir: str, name: str):
-        self._writer = SummaryWriter(os.path.join(workdir, "tensorboard", name)) if jax.process_index() == 0 else None
+        self._events = EventFile(os.path.join(workdir, "tensorboard", name)) if jax.process_index() == 0 else None
         self._workdir = workdir
         self._name = name
 
     def write(self, step: int, metrics: dict[str, float]) -> None:
-        if self._writer is None:
+        if self._events is None:
             return
-        for key, value in metrics.items():
-            self._writer.add_scalar(key, value, step)
-        self._writer.flush()
-        metric_log.append(self._workdir, self._name, step, metrics)
+        metric_log.append(self._workdir, self._name, step, metrics)  # First: the record programs read.
+        self._events.append([_event(step, summary.scalar(key, value)) for key, value in metrics.items()])
         logging.info("[%d] %s: %s", step, self._name, ", ".join(f"{k}={v:.4g}" for k, v in metrics.items()))
 
     def write_figures(self, step: int, figures: Mapping[str, "Figure"]) -> None:
@@ -36,13 +71,17 @@ class MetricWriter:
 
         The figures stay open: the caller owns them (and may, say, also save them as files).
         """
-        if self._writer is None:
+        if self._events is None:
             return
-        for tag, figure in figures.items():
-            self._writer.add_figure(tag, figure, step, close=False)
-        self._writer.flush()
+        self._events.append(
+            [_event(step, summary.image(tag, figure_to_image(figure, close=False))) for tag, figure in figures.items()]
+        )
         logging.info("[%d] %s: wrote %d figures", step, self._name, len(figures))
 
     def close(self) -> None:
-        if self._writer is not None:
-            self._writer.close()
+        if self._events is not None:
+            self._events.close()
+
+
+def _event(step: int, value: Summary) -> Event:
+    return Event(wall_time=time.time(), step=int(step), summary=value)

@@ -4,9 +4,9 @@ import os
 import sys
 from collections.abc import Callable
 
+from common import io_errors
 from common.errors import UserInputError
 from input_pipeline.parallel_text import decode_lines
-from training import io_errors
 
 
 def run_command(command: Callable[[], None], output_folder: str | None) -> None:
