@@ -1,7 +1,9 @@
 """Storage failures a user can act on (disk full, read-only folder, quota, file size limit) as one line.
 
 They surface from many depths: Python's own writes (config, tokenizer, evaluation
-files), TFDS, TensorBoard writers, and Orbax, whose asynchronous saves fail in a
+files, TensorBoard events), TFDS, ArrayRecord's writer, whose `RuntimeError` names
+the failed call and the C library's text for the error (`write() failed: No space
+left on device; writing <path>; ...`), and Orbax, whose asynchronous saves fail in a
 background thread and are raised later, from the next save or the final wait, as
 a TensorStore `ValueError` whose text carries the OS error code
 (`... Failed writing: "<path>": ... No space left on device [os_error_code='28']`).
@@ -31,6 +33,9 @@ _TENSORSTORE_ERRNO = re.compile(r"\[os_error_code='?(\d+)'?\]")
 _TENSORSTORE_PATH = re.compile(
     r'(?:Failed writing|Error opening|Failed to open|Error writing[^"]*local file): "([^"]+)"'
 )
+# Riegeli (ArrayRecord's file layer) names the system call, then strerror's text, then the file.
+_RIEGELI_FAILURE = re.compile(r"\b\w+\(\) failed: ([^;]+); (?:writing|opening) ([^;]+)")
+_ERRNO_OF_STRERROR = {os.strerror(number): number for number in STORAGE_ERRNOS}
 
 
 def _chain(exc: BaseException):
@@ -51,6 +56,9 @@ def storage_errno(exc: BaseException) -> tuple[int, str | None] | None:
         if match and int(match[1]) in STORAGE_ERRNOS:
             path = _TENSORSTORE_PATH.search(str(link))
             return int(match[1]), path[1] if path else None
+        match = _RIEGELI_FAILURE.search(str(link))
+        if match and match[1] in _ERRNO_OF_STRERROR:
+            return _ERRNO_OF_STRERROR[match[1]], match[2]
     return None
 
 

@@ -11,6 +11,7 @@ import sentencepiece as spm
 import tensorflow_datasets as tfds
 from absl import logging
 
+from common import io_errors
 from common.errors import UserInputError
 from common.special_ids import EOS_ID
 from input_pipeline.batching import LabelledIds, ParallelIds, RaggedIds
@@ -237,8 +238,8 @@ def _prepare(
     try:
         builder.download_and_prepare(file_format=file_format)
     except Exception as e:  # pylint: disable=broad-except
-        if local:
-            raise  # The files were checked: this is not the user's to fix.
+        if local or io_errors.storage_errno(e) is not None:
+            raise  # The local files were checked, and a full disk is not for `tfds build` elsewhere to fix.
         raise UserInputError(
             f"Could not prepare dataset {dataset.name!r} in {builder.data_dir}: "
             f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}. "

@@ -5,6 +5,7 @@ off, so nothing is downloaded.
 """
 
 import dataclasses
+import errno
 import gzip
 import json
 import os
@@ -225,6 +226,31 @@ def test_named_dataset_under_mock_data(tmp_path, wmt_metadata, offline, mock_get
     assert len(sample) == 5
     assert offline == []  # download_and_prepare never did real work.
     assert not (tmp_path / "tfds").exists() and not (tmp_path / "work").exists()
+
+
+@pytest.mark.parametrize(
+    "failure, reported",
+    [
+        (ConnectionError("Failed to connect to statmt.org"), UserInputError),  # Offline: prepare it elsewhere.
+        (OSError(errno.ENOSPC, "No space left on device", "/data/wmt14/x.array_record"), OSError),  # Kept as it is.
+    ],
+)
+def test_named_dataset_that_cannot_be_prepared(tmp_path, monkeypatch, failure, reported):
+    """Offline, the error says where to prepare the dataset; a full disk reaches the entry point as itself."""
+
+    def fail(self, *args, **kwargs):
+        raise failure
+
+    monkeypatch.setattr(tfds.core.GeneratorBasedBuilder, "_download_and_prepare", fail)
+    with pytest.raises(reported) as error:
+        datasets.make_builder(wmt_dataset(tmp_path), str(tmp_path / "work"), required_splits=("train",))
+    if reported is UserInputError:
+        assert str(error.value).startswith(f"Could not prepare dataset 'wmt14_translate/de-en' in {tmp_path}/tfds")
+        assert "ConnectionError: Failed to connect to statmt.org. Prepare it where the internet is reachable" in (
+            str(error.value)
+        )
+    else:
+        assert error.value is failure
 
 
 def test_named_dataset_prepared_as_tfrecord_says_how_to_prepare_it(tmp_path, offline):

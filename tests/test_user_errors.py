@@ -55,6 +55,17 @@ def test_storage_errors_name_path_and_cause():
         "cannot write /w/checkpoints/2.orbax-checkpoint-tmp/state.orbax-checkpoint-tmp/ocdbt.process_0/d/6e68: "
         "No space left on device (errno 28)"
     )
+    # ArrayRecord's writer (through Riegeli) names the call, strerror's text and the file.
+    array_record = RuntimeError(
+        "write() failed: No space left on device; writing /w/tfds/parallel_text/en-de/incomplete.X_2.0.0/"
+        "parallel_text-train.array_record-00000-of-00001; at byte 102400; Failed to close chunk_writer"
+    )
+    assert io_errors.describe(array_record, "/w") == (
+        "cannot write /w/tfds/parallel_text/en-de/incomplete.X_2.0.0/parallel_text-train.array_record-00000-of-00001: "
+        "No space left on device (errno 28); free space on that disk or choose another --workdir"
+    )
+    read_only = RuntimeError("open() failed: Read-only file system; opening /w/a.array_record; Failed to create")
+    assert io_errors.storage_errno(read_only) == (errno.EROFS, "/w/a.array_record")
     # Python's buffered writes do not know their file: the folder is named instead.
     too_large = OSError(errno.EFBIG, "File too large")
     assert io_errors.describe(too_large, "runs/x", elsewhere="write elsewhere").endswith(
@@ -86,6 +97,7 @@ def test_other_errors_stay_bugs():
         OSError(errno.ENOENT, "No such file or directory", "/x"),
         ValueError("shapes do not match"),
         ValueError("Failed writing [os_error_code='4']"),  # EINTR: not the user's to fix.
+        RuntimeError("write() failed: Input/output error; writing /w/a.array_record"),  # EIO: a failing disk.
     ):
         assert io_errors.user_error_message(error, "/w") is None
     assert io_errors.user_error_message(UserInputError("bad"), "/w") == "bad"
@@ -309,6 +321,20 @@ def test_a_failed_tensorboard_write_raises_naming_the_event_file(tmp_path):
     ]
     assert scalars == [(1, "loss", 2.5)]
     assert metric_log.read(workdir, "eval") == {1: {"loss": 2.5}}
+
+
+def test_a_failed_dataset_preparation_is_one_line_and_leaves_no_dataset(small_corpus, tmp_path):
+    """ArrayRecord's writer fails past the limit (the train split's file is ~390 kB); TFDS keeps nothing half-made."""
+    workdir = str(tmp_path / "run")
+    args = ("--config=configs/tiny.py", f"--workdir={workdir}", f"--config.dataset.path={small_corpus}")
+    result = run_entry_point("-c", _WITH_FILE_SIZE_LIMIT, "30000", "train.py", *args)
+    assert_clean_failure(
+        result,
+        f"cannot write {workdir}/tfds/parallel_text/",
+        "/parallel_text-train.array_record-00000-of-00001: File too large (errno 27); raise the file size limit",
+    )
+    [dataset_config] = os.listdir(os.path.join(workdir, "tfds", "parallel_text"))
+    assert os.listdir(os.path.join(workdir, "tfds", "parallel_text", dataset_config)) == []  # No version to trust.
 
 
 @pytest.fixture
