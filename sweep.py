@@ -49,10 +49,10 @@ def _sweep() -> None:
     loaded = sweep.load_sweep(_SWEEP.value)
     selected = sweep.select_variants(loaded, _ONLY.value)
     if _DRY_RUN.value:
-        lines, unbuildable = sweep.pending_commands(loaded, sweep.plan_runs(_ROOT.value, selected, _SEEDS.value))
+        lines, left_out = sweep.pending_commands(loaded, sweep.plan_runs(_ROOT.value, selected, _SEEDS.value))
         print("\n".join(lines))
-        for run, why in unbuildable:
-            print(f"left out {run.label}: its config cannot be built: {why}", file=sys.stderr)
+        for run, why in left_out:
+            print(f"left out {run.label}: {why}", file=sys.stderr)
         return
     failed = []
     if not _COLLECT.value:

@@ -451,6 +451,68 @@ def test_the_dry_run_leaves_out_finished_runs_and_names_those_whose_config_canno
     assert "- typo/seed_1:" in (tmp_path / "runs" / "results.md").read_text(encoding="utf-8")
 
 
+def _write_sweep(path, dropout: float, log_every_steps: int = 100, beam_size: int = 1):
+    """A two-variant sweep of the tiny config; the arguments are what an edit of the file changes."""
+    path.write_text(
+        textwrap.dedent(f"""
+        from configs import tiny
+        from configs.sweeps import Variant, config_for
+        def base_config():
+            config = tiny.get_config()
+            config.log_every_steps = {log_every_steps}
+            config.eval.beam_size = {beam_size}
+            return config
+        VARIANTS = (Variant("base", "base", "tiny"), Variant("drop", "x", "y", {{"model.dropout_rate": {dropout}}}))
+        def get_config(variant="base"):
+            return config_for(base_config(), VARIANTS, variant)
+        """),
+        encoding="utf-8",
+    )
+    return sweep.load_sweep(str(path))
+
+
+def test_a_run_trained_with_another_config_than_the_sweep_files_fails_and_is_not_counted(tmp_path):
+    from training.inference import save_config  # pylint: disable=g-import-not-at-top  (JAX)
+
+    path = tmp_path / "edited_sweep.py"
+    loaded = _write_sweep(path, dropout=0.3)
+    runs = sweep.plan_runs(str(tmp_path / "runs"), loaded.names(), 2)  # base/0, drop/0, base/1, drop/1
+    for run in runs[:3]:  # Trained and evaluated as the file was then: base/0, drop/0, base/1.
+        trained = loaded.get_config(run.variant)
+        trained.seed = run.seed  # As train.py's --config.seed sets it.
+        os.makedirs(run.workdir)
+        save_config(trained, run.workdir)
+        _write_scores(run.workdir, loaded.run_config(run).num_train_steps)
+    assert [sweep.config_changes(loaded.run_config(run), run.workdir) for run in runs] == [[], [], [], []]
+    assert all(sweep.is_finished(loaded.run_config(run), run.workdir) for run in runs[:3])
+
+    # Edited: dropout 0.3 -> 0.5 in one variant; logging and decoding elsewhere, which change no training.
+    edited = _write_sweep(path, dropout=0.5, log_every_steps=10, beam_size=4)
+    base, drop = runs[:2]
+    assert sweep.config_changes(edited.run_config(base), base.workdir) == []
+    assert sweep.config_changes(edited.run_config(drop), drop.workdir) == ["model.dropout_rate: 0.3 → 0.5"]
+    assert not sweep.is_finished(edited.run_config(drop), drop.workdir)
+
+    lines, left_out = sweep.pending_commands(edited, runs)
+    assert [shlex.split(line)[2:4] for line in lines] == [  # base/seed_0 is evaluated again: beam 4 now.
+        [f"--config={path}:base", "--config.seed=0"],
+        [f"--config={path}:base", "--config.seed=1"],
+        [f"--config={path}:drop", "--config.seed=1"],
+    ]
+    assert left_out == [
+        (
+            drop,
+            f"trained with another config than {path} gives now (model.dropout_rate: 0.3 → 0.5): "
+            f"move {drop.workdir} away to train it again",
+        )
+    ]
+    echoed = []
+    outcome = sweep.run_all(edited, [drop], echo=echoed.append)  # Fails at once: nothing is trained.
+    assert outcome.failed == left_out and not outcome.finished and not outcome.skipped
+    assert echoed == [f"[1/1] drop/seed_0: FAILED, {left_out[0][1]}"]
+    assert not os.path.exists(os.path.join(drop.workdir, sweep.LOG_NAME))
+
+
 def _result(variant, seed, bleu, perplexity, seconds=120.0):
     run = sweep.Run(variant, seed, f"/runs/{variant}/seed_{seed}")
     curve = {100: 2 * perplexity, 200: perplexity}

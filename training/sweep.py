@@ -6,7 +6,9 @@ run: train.py resumes it from its latest checkpoint, and it can be run by hand o
 submitted to a cluster as it is (`commands`). A run is finished when its workdir holds
 the final evaluation's scores (`is_finished`); `run_all` skips those, starts the others
 one at a time, writes each one's output to <workdir>/train.log, and goes on past a run
-that fails. A stop signal to the sweep is passed to the run in progress, which saves a
+that fails. A run trained with another config than its variant's now (the sweep file
+was edited: `config_changes`) fails, named with the changes: neither its scores nor a
+resume would be the variant's. A stop signal to the sweep is passed to the run in progress, which saves a
 checkpoint and stops (training/preemption.py); running the sweep again continues it.
 """
 
@@ -49,6 +51,12 @@ class Sweep:
 
     def names(self) -> list[str]:
         return [variant.name for variant in self.variants]
+
+    def run_config(self, run: "Run") -> ml_collections.ConfigDict:
+        """The config `run` trains with: its variant's, with its seed (`command` passes it as a flag)."""
+        config = self.get_config(run.variant)
+        config.seed = run.seed
+        return config
 
 
 @dataclasses.dataclass(frozen=True)
@@ -136,17 +144,82 @@ def command(sweep: Sweep, run: Run) -> list[str]:
 
 def pending_commands(sweep: Sweep, runs: Sequence[Run]) -> tuple[list[str], list[tuple[Run, str]]]:
     """The shell command lines of the runs not finished yet, one per run (for a job array), and the runs
-    left out because their config cannot be built (with why)."""
-    lines, unbuildable = [], []
+    left out, with why: their config cannot be built, or they were trained with another config."""
+    lines, left_out = [], []
     for run in runs:
         try:
-            config = sweep.get_config(run.variant)
+            config = sweep.run_config(run)
         except UserInputError as e:
-            unbuildable.append((run, str(e)))
+            left_out.append((run, f"its config cannot be built: {e}"))
             continue
-        if not is_finished(config, run.workdir):
+        if changes := config_changes(config, run.workdir):
+            left_out.append((run, _changed_config(sweep, run, changes)))
+        elif not is_finished(config, run.workdir):
             lines.append(shlex.join(command(sweep, run)))
-    return lines, unbuildable
+    return lines, left_out
+
+
+# Fields a run may change without changing what it trains (so its results still stand for its
+# variant): when and how it logs, saves, evaluates and compiles, and on which devices. The
+# number of steps may grow (the run resumes); the final scores say how far it got.
+_FREE_TO_CHANGE = (
+    "num_train_steps",
+    "log_every_steps",
+    "eval_every_steps",
+    "checkpoint_every_steps",
+    "keep_checkpoints",
+    "compilation_cache_dir",
+    "host_allocator",
+    "peak_flops_per_device",
+    "step_compilation",
+    "dataset.data_dir",
+    "dataset.num_workers",
+    "model.attention_implementation",
+    "mesh.",
+    "eval.",
+)
+
+
+def config_changes(config: ml_collections.ConfigDict, workdir: str) -> list[str]:
+    """How `config` differs from the config the run in `workdir` saved when it last started.
+
+    Only fields that change what is trained count (not `_FREE_TO_CHANGE`), and only fields
+    both configs have: a field added to the code since keeps the behaviour it replaced.
+
+    Returns:
+        e.g. ['model.dropout_rate: 0.1 → 0.3']; [] if nothing changed or the run has not started.
+    """
+    from training.inference import CONFIG_FILE  # pylint: disable=g-import-not-at-top  (JAX: only here)
+
+    try:
+        with open(os.path.join(workdir, CONFIG_FILE), encoding="utf-8") as f:
+            saved = _flat(json.load(f))
+    except FileNotFoundError:
+        return []
+    current = _flat(json.loads(config.to_json_best_effort(sort_keys=True)))  # Tuples as lists, as saved.
+    return [
+        f"{name}: {saved[name]!r} → {current[name]!r}"
+        for name in sorted(saved.keys() & current.keys())
+        if saved[name] != current[name] and not name.startswith(_FREE_TO_CHANGE)
+    ]
+
+
+def _flat(tree: dict, prefix: str = "") -> dict:
+    """{'model.d_model': 512, ...} of a nested dict."""
+    flat = {}
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            flat.update(_flat(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+def _changed_config(sweep: Sweep, run: Run, changes: Sequence[str]) -> str:
+    return (
+        f"trained with another config than {sweep.path} gives now ({'; '.join(changes)}): "
+        f"move {run.workdir} away to train it again"
+    )
 
 
 def scores_path(config: ml_collections.ConfigDict, workdir: str) -> str:
@@ -159,10 +232,13 @@ def final_scores(config: ml_collections.ConfigDict, workdir: str) -> dict | None
 
     Scores of an earlier step (a run whose sweep file now asks for more steps) do not count, nor
     those a later `train.py --mode=eval` wrote over them for other parameters (best, an average)
-    or another decoding: a sweep's table compares runs evaluated alike.
+    or another decoding: a sweep's table compares runs evaluated alike. Nor do the scores of a
+    run trained with another config (`config_changes`).
     """
     from training.evaluation import describe_decoding  # pylint: disable=g-import-not-at-top  (JAX: only here)
 
+    if config_changes(config, workdir):
+        return None  # Trained as another variant.
     try:
         with open(scores_path(config, workdir), encoding="utf-8") as f:
             scores = json.load(f)
@@ -210,10 +286,14 @@ def run_all(sweep: Sweep, runs: Sequence[Run], *, echo: Callable[[str], None] = 
             if signals.received is not None:  # Between two runs.
                 raise signals.stopped(f"before {run.label}")
             try:
-                config = sweep.get_config(run.variant)
+                config = sweep.run_config(run)
             except UserInputError as e:
                 outcome.failed.append((run, f"its config cannot be built: {e}"))
                 echo(f"[{index}/{len(runs)}] {run.label}: FAILED, its config cannot be built: {e}")
+                continue
+            if changes := config_changes(config, run.workdir):
+                outcome.failed.append((run, _changed_config(sweep, run, changes)))
+                echo(f"[{index}/{len(runs)}] {run.label}: FAILED, {outcome.failed[-1][1]}")
                 continue
             if is_finished(config, run.workdir):
                 outcome.skipped.append(run)

@@ -167,7 +167,7 @@ def collect(sweep: Sweep, root: str, runs: Sequence[Run]) -> tuple[list[VariantS
     results, unfinished = [], []
     for run in runs:
         try:
-            result = read_run(run, sweep.get_config(run.variant))
+            result = read_run(run, sweep.run_config(run))
         except UserInputError:  # A variant of a feature this checkout lacks: it cannot have run.
             result = None
         (results if result is not None else unfinished).append(run if result is None else result)
