@@ -5,6 +5,7 @@ import socket
 import subprocess
 import sys
 
+import jax
 import pytest
 from conftest import REPO_ROOT
 
@@ -76,6 +77,9 @@ def test_process_rows_of_batches_put_together_are_the_whole_batches():
     [
         (["--num_processes=2", "--process_id=2", "--coordinator_address=127.0.0.1:1"], "process_id < num_processes"),
         (["--num_processes=2", "--process_id=0"], "coordinator_address should be defined"),
+        # JAX itself would wait out its initialization timeout (5 minutes) on these.
+        (["--num_processes=2", "--process_id=1", "--coordinator_address=head.invalid:1234"], "'head.invalid' does not"),
+        (["--num_processes=2", "--process_id=1", "--coordinator_address=head"], "is not HOST:PORT"),
     ],
 )
 def test_flags_that_cannot_describe_processes_are_one_error_line(tmp_path, flags, message):
@@ -96,6 +100,24 @@ def test_flags_that_cannot_describe_processes_are_one_error_line(tmp_path, flags
     assert last_line.startswith("error: Cannot start several processes with ")
     assert message in last_line and "Traceback" not in result.stderr
     assert not os.path.exists(tmp_path / "run")
+
+
+def test_a_port_in_use_on_process_0_is_one_error_line(monkeypatch):
+    """JAX's coordination service would crash on it (a segmentation fault, no message)."""
+    monkeypatch.setattr(jax.distributed, "initialize", lambda **kwargs: pytest.fail("JAX was asked to connect"))
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(UserInputError) as error:
+            distributed.initialize(f"localhost:{port}", 2, 0, environ={})
+        assert str(error.value) == (
+            f"Cannot start several processes with --coordinator_address=localhost:{port} --num_processes=2 "
+            f"--process_id=0: process 0 cannot serve the coordination on port {port}: Address already in use; "
+            "choose another port."
+        )
+        assert distributed.coordinator_problem(f"localhost:{port}", 1) is None  # Others connect to it.
+    assert distributed.coordinator_problem(f"[::1]:{port}", 0) is None  # Free again.
 
 
 _JOIN_AND_REPORT = """

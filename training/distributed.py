@@ -9,6 +9,7 @@ collective.
 """
 
 import os
+import socket
 from collections.abc import Mapping
 
 import jax
@@ -18,6 +19,39 @@ from common.errors import UserInputError
 from common.processes import barrier
 
 MODES = ("auto", "on", "off")
+
+
+def coordinator_problem(address: str, process_id: int | None) -> str | None:
+    """Why JAX's coordination service could not work at `address` ('host:port'), if it can tell at once.
+
+    JAX does not say: a host that does not resolve leaves the other processes waiting out the
+    initialization timeout, and a port already taken on process 0 crashes it (a segmentation
+    fault, in jaxlib 0.10). So this checks the host resolves and, on process 0 (which serves
+    the coordination on every interface), that the port is free.
+    """
+    host, colon, port = address.rpartition(":")
+    host = host.removeprefix("[").removesuffix("]")  # [::1]:1234
+    if not colon or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        return f"--coordinator_address={address} is not HOST:PORT (process 0's host, and a free port there)."
+    try:
+        socket.getaddrinfo(host, int(port), type=socket.SOCK_STREAM)
+    except socket.gaierror as e:
+        return f"the coordinator's host {host!r} does not resolve ({e.strerror}); give process 0's host name or IP."
+    if process_id != 0:
+        return None
+    for family, any_address in ((socket.AF_INET6, "::"), (socket.AF_INET, "0.0.0.0")):
+        try:
+            probe = socket.socket(family, socket.SOCK_STREAM)
+        except OSError:  # No IPv6 on this host.
+            continue
+        with probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # As the service binds it.
+            try:
+                probe.bind((any_address, int(port)))
+            except OSError as e:
+                return f"process 0 cannot serve the coordination on port {port}: {e.strerror}; choose another port."
+        return None
+    return None
 
 
 def detect_launcher(environ: Mapping[str, str]) -> str | None:
@@ -86,6 +120,9 @@ def initialize(
     }
     if mode == "off" or (mode == "auto" and all(v is None for v in given.values()) and not detect_launcher(environ)):
         return False
+    flags = " ".join(f"--{name}={value}" for name, value in given.items() if value is not None) or "no flags"
+    if coordinator_address is not None and (problem := coordinator_problem(coordinator_address, process_id)):
+        raise UserInputError(f"Cannot start several processes with {flags}: {problem}")
     try:
         jax.distributed.initialize(
             **given,
@@ -93,9 +130,8 @@ def initialize(
             heartbeat_timeout_seconds=heartbeat_timeout_seconds,
         )
     except (ValueError, TypeError) as e:  # How JAX reports missing or inconsistent arguments.
-        flags = " ".join(f"--{name}={value}" for name, value in given.items() if value is not None)
         raise UserInputError(
-            f"Cannot start several processes with {flags or 'no flags'}: {e} Give --coordinator_address=HOST:PORT, "
+            f"Cannot start several processes with {flags}: {e} Give --coordinator_address=HOST:PORT, "
             "--num_processes and --process_id on every process, or launch with SLURM, Open MPI or on a Cloud TPU."
         ) from None
     # The first collective sets up the processes' connections (Gloo on CPU), waiting at
