@@ -152,7 +152,7 @@ def get_config() -> ml_collections.ConfigDict:
     model.max_len = 512
     model.norm_placement = "post"  # 'post' (the paper) or 'pre'.
     model.tie_embeddings = True  # Source/target embeddings and output layer.
-    model.dtype = "float32"  # Compute dtype: 'float32' or 'bfloat16'.
+    model.dtype = "float32"  # Compute dtype: 'float32', 'bfloat16' or 'auto' (models/build.py).
     # How attention is computed where no attention weight is needed (no attention dropout, no
     # attention maps): 'auto' (cuDNN's fused kernel on GPUs in bfloat16, else 'explicit'),
     # 'explicit' (softmax(QK^T/sqrt(d_k))V as written, models/attention.py), or

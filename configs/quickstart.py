@@ -44,7 +44,7 @@ def get_config():
     config.model.num_layers = 3
     config.model.max_len = 128
     config.model.norm_placement = "pre"
-    config.model.dtype = "bfloat16"
+    config.model.dtype = "auto"  # bfloat16, or float32 on a CPU without bf16 matmul instructions.
 
     config.optimizer.schedule = "rsqrt"
     config.optimizer.peak_learning_rate = 1e-3

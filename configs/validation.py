@@ -17,7 +17,7 @@ _CHOICES = {
     "host_allocator": host_memory.ALLOCATORS,
     "model.positional_encoding": ("sinusoidal", "learned", "relative", "rotary"),
     "model.norm_placement": ("post", "pre"),
-    "model.dtype": ("float32", "bfloat16"),
+    "model.dtype": ("float32", "bfloat16", "auto"),
     "model.attention_implementation": ("auto", "explicit", "xla", "cudnn"),
     "tokenizer.model_type": ("unigram", "bpe"),
     "step_compilation": ("jit", "pmap"),

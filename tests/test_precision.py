@@ -11,7 +11,7 @@ import pytest
 from tolerances import rounding_tolerance
 
 from configs import default
-from models import precision
+from models import build, precision
 from models.build import make_model
 from training.state import create_train_state
 from training.steps import train_step, translation_loss
@@ -102,3 +102,30 @@ def test_the_cheaper_operand_order_is_taken():
         lowered = jax.jit(functools.partial(precision._row_major_matmul, subscripts)).lower(*operands).as_text()
         assert "tensor<8x4x16xf32>" in lowered  # The hidden states as [d_model, batch, length].
         assert "tensor<400x4x16xf32>" not in lowered  # The cotangent stays as it is.
+
+
+@pytest.mark.parametrize(
+    "cpu, expected",
+    [
+        ("flags\t\t: fpu sse2 avx avx2 fma", "float32"),  # bf16 matmuls emulated: slower than float32.
+        ("flags\t\t: fpu avx2 avx512f avx512_bf16", "bfloat16"),
+        ("flags\t\t: fpu avx512f amx_bf16 amx_tile", "bfloat16"),
+        ("Features\t: fp asimd bf16 i8mm", "bfloat16"),  # Arm.
+        ("Features\t: fp asimd", "float32"),
+    ],
+)
+def test_auto_dtype_is_bfloat16_where_the_cpu_multiplies_bfloat16(tmp_path, cpu, expected):
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text(f"processor\t: 0\n{cpu}\n\nprocessor\t: 1\n{cpu}\n", encoding="utf-8")
+    assert build.compute_dtype("auto", str(cpuinfo)) == expected
+    assert build.compute_dtype("float32", str(cpuinfo)) == "float32"  # What a config names stands.
+    assert build.compute_dtype("auto", str(tmp_path / "absent")) == "float32"  # No flags to read.
+
+
+def test_auto_dtype_is_bfloat16_on_accelerators_and_reaches_the_model(monkeypatch):
+    config = default.get_config()
+    config.model.dtype = "auto"
+    assert make_model(config, vocab_size=24).config.dtype == build.compute_dtype("auto")
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    assert build.compute_dtype("auto", "/proc/cpuinfo") == "bfloat16"
+    assert make_model(config, vocab_size=24).config.dtype == "bfloat16"

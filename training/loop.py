@@ -259,11 +259,12 @@ class _Throughput:
         model_config = model.config.encoder if isinstance(model, Classifier) else model.config
         per_device, source = flops.peak_flops_per_device(model_config.dtype, config.get("peak_flops_per_device", 0.0))
         logging.info(
-            "MFU is model FLOP/s over %s devices x %.1f TFLOP/s (%s %s matmul peak).",
+            "Compute dtype %s (model.dtype=%r); MFU is model FLOP/s over %s devices x %.1f TFLOP/s (%s matmul peak).",
+            model_config.dtype,
+            config.model.dtype,
             jax.device_count(),
             per_device / 1e12,
             source,
-            model_config.dtype,
         )
         return cls(model_config, per_device * jax.device_count())
 
