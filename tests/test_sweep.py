@@ -492,6 +492,14 @@ def test_a_run_trained_with_another_config_than_the_sweep_files_fails_and_is_not
     assert sweep.config_changes(edited.run_config(base), base.workdir) == []
     assert sweep.config_changes(edited.run_config(drop), drop.workdir) == ["model.dropout_rate: 0.3 → 0.5"]
     assert not sweep.is_finished(edited.run_config(drop), drop.workdir)
+    longer, shorter, resharded = (loaded.run_config(base) for _ in range(3))
+    longer.num_train_steps += 1  # Resumes.
+    shorter.num_train_steps -= 1  # Its last step is past.
+    resharded.mesh.tensor = 2  # Fewer batch shards: another global batch.
+    assert sweep.config_changes(longer, base.workdir) == []
+    steps = shorter.num_train_steps
+    assert sweep.config_changes(shorter, base.workdir) == [f"num_train_steps: {steps + 1} → {steps}"]
+    assert sweep.config_changes(resharded, base.workdir) == ["mesh.tensor: 1 → 2"]
 
     lines, left_out = sweep.pending_commands(edited, runs)
     assert [shlex.split(line)[2:4] for line in lines] == [  # base/seed_0 is evaluated again: beam 4 now.
@@ -511,6 +519,9 @@ def test_a_run_trained_with_another_config_than_the_sweep_files_fails_and_is_not
     assert outcome.failed == left_out and not outcome.finished and not outcome.skipped
     assert echoed == [f"[1/1] drop/seed_0: FAILED, {left_out[0][1]}"]
     assert not os.path.exists(os.path.join(drop.workdir, sweep.LOG_NAME))
+    sweep_report.collect(edited, str(tmp_path / "runs"), runs)
+    results_md = (tmp_path / "runs" / "results.md").read_text(encoding="utf-8")
+    assert f"- drop/seed_0: {drop.workdir} (trained with another config: model.dropout_rate: 0.3 → 0.5)" in results_md
 
 
 def _result(variant, seed, bleu, perplexity, seconds=120.0):

@@ -160,10 +160,10 @@ def pending_commands(sweep: Sweep, runs: Sequence[Run]) -> tuple[list[str], list
 
 
 # Fields a run may change without changing what it trains (so its results still stand for its
-# variant): when and how it logs, saves, evaluates and compiles, and on which devices. The
+# variant): when and how it logs, saves, evaluates and compiles. Not the mesh (its batch shards
+# set the global batch) nor the stream's workers (a new number restarts the data order). The
 # number of steps may grow (the run resumes); the final scores say how far it got.
 _FREE_TO_CHANGE = (
-    "num_train_steps",
     "log_every_steps",
     "eval_every_steps",
     "checkpoint_every_steps",
@@ -173,9 +173,7 @@ _FREE_TO_CHANGE = (
     "peak_flops_per_device",
     "step_compilation",
     "dataset.data_dir",
-    "dataset.num_workers",
     "model.attention_implementation",
-    "mesh.",
     "eval.",
 )
 
@@ -183,8 +181,8 @@ _FREE_TO_CHANGE = (
 def config_changes(config: ml_collections.ConfigDict, workdir: str) -> list[str]:
     """How `config` differs from the config the run in `workdir` saved when it last started.
 
-    Only fields that change what is trained count (not `_FREE_TO_CHANGE`), and only fields
-    both configs have: a field added to the code since keeps the behaviour it replaced.
+    Only fields that change what is trained count (not `_FREE_TO_CHANGE`, nor more steps), and
+    only fields both configs have: a field added to the code since keeps the behaviour it replaced.
 
     Returns:
         e.g. ['model.dropout_rate: 0.1 → 0.3']; [] if nothing changed or the run has not started.
@@ -200,7 +198,9 @@ def config_changes(config: ml_collections.ConfigDict, workdir: str) -> list[str]
     return [
         f"{name}: {saved[name]!r} → {current[name]!r}"
         for name in sorted(saved.keys() & current.keys())
-        if saved[name] != current[name] and not name.startswith(_FREE_TO_CHANGE)
+        if saved[name] != current[name]
+        and not name.startswith(_FREE_TO_CHANGE)
+        and not (name == "num_train_steps" and current[name] > saved[name])
     ]
 
 

@@ -23,7 +23,7 @@ import numpy as np
 from common.errors import UserInputError
 from configs.sweeps import Variant
 from training import metric_log
-from training.sweep import Run, Sweep, final_scores
+from training.sweep import Run, Sweep, config_changes, final_scores
 
 
 @dataclasses.dataclass(frozen=True)
@@ -164,17 +164,23 @@ def collect(sweep: Sweep, root: str, runs: Sequence[Run]) -> tuple[list[VariantS
 
     `runs` are every planned (variant, seed): those not finished are left out of the numbers and listed.
     """
-    results, unfinished = [], []
+    results, unfinished, changed = [], [], {}
     for run in runs:
         try:
-            result = read_run(run, sweep.run_config(run))
+            config = sweep.run_config(run)
         except UserInputError:  # A variant of a feature this checkout lacks: it cannot have run.
-            result = None
-        (results if result is not None else unfinished).append(run if result is None else result)
+            unfinished.append(run)
+            continue
+        if (result := read_run(run, config)) is not None:
+            results.append(result)
+        else:
+            unfinished.append(run)
+            if changes := config_changes(config, run.workdir):
+                changed[run] = changes
     planned = {variant.name: sum(run.variant == variant.name for run in runs) for variant in sweep.variants}
     summaries = summarize(sweep.variants, results, planned)
     os.makedirs(root, exist_ok=True)
-    _write_markdown(os.path.join(root, "results.md"), sweep, summaries, results, unfinished)
+    _write_markdown(os.path.join(root, "results.md"), sweep, summaries, results, unfinished, changed)
     _write_csv(os.path.join(root, "results.csv"), summaries)
     _write_runs_csv(os.path.join(root, "results_runs.csv"), results)
     if any(s.estimates["test_bleu"] for s in summaries):
@@ -194,7 +200,12 @@ def _number(value: float | None, digits: int) -> str:
 
 
 def _write_markdown(
-    path: str, sweep: Sweep, summaries: Sequence[VariantSummary], results: Sequence[RunResult], unfinished
+    path: str,
+    sweep: Sweep,
+    summaries: Sequence[VariantSummary],
+    results: Sequence[RunResult],
+    unfinished: Sequence[Run],
+    changed: Mapping[Run, Sequence[str]],
 ) -> None:
     seeds = max(s.planned for s in summaries)
     signatures = sorted({r.signature for r in results if r.signature})
@@ -240,7 +251,11 @@ def _write_markdown(
         lines.append("| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |")
     if unfinished:
         lines += ["", f"Not finished ({len(unfinished)}), left out of the numbers:", ""]
-        lines += [f"- {run.label}: {run.workdir}" for run in unfinished]
+        lines += [
+            f"- {run.label}: {run.workdir}"
+            + (f" (trained with another config: {'; '.join(changed[run])})" if run in changed else "")
+            for run in unfinished
+        ]
     with open(path, "w", encoding="utf-8") as f:
         f.write("\n".join(lines) + "\n")
 
