@@ -26,7 +26,7 @@ from common import host_memory
 from common.special_ids import BOS_ID, PAD_ID
 from input_pipeline import batching
 from input_pipeline.corpus import load_corpus
-from models.build import make_model
+from models.build import compute_dtype, make_model
 from models.decoding import beam_search
 from training import sharding
 from training.logs import quiet_library_logs
@@ -98,7 +98,7 @@ def main(argv):
     batch, length = inputs.shape[0], _LENGTH.value
     print(
         f"batch {batch}, source length {inputs.shape[1]}, {length} generated tokens per hypothesis, "
-        f"median of {_ROUNDS.value} rounds, {config.model.dtype}"
+        f"median of {_ROUNDS.value} rounds, {compute_dtype(config.model.dtype)}"
     )
     header = ("beam", "cache", "first call s", "batch s", "out tok/s", "hyp tok/s", "speed-up")
     print(" ".join(f"{name:>{width}}" for name, width in zip(header, (4, 6, 12, 8, 10, 10, 8))))

@@ -38,7 +38,7 @@ from ml_collections import config_flags
 from common import host_memory
 from input_pipeline import datasets
 from input_pipeline.corpus import load_corpus
-from models.build import make_model
+from models.build import compute_dtype, make_model
 from training import compilation_cache, sharding, tasks
 from training.loop import configured_train_step, initial_state, state_shardings
 from training.optimizer import make_optimizer
@@ -112,7 +112,7 @@ def main(argv):
     host_memory.restart_with_allocator(config.host_allocator)  # As train.py runs.
     compilation_cache.enable("")  # Compile times as on a cold start.
     mesh = sharding.make_mesh(config.mesh)
-    dtypes = _DTYPES.value or [config.model.dtype]
+    dtypes = [compute_dtype(dtype) for dtype in _DTYPES.value or [config.model.dtype]]  # 'auto' named.
     with tempfile.TemporaryDirectory() as temporary:
         workdir = _WORKDIR.value or temporary
         corpus = load_corpus(config, workdir, (config.dataset.train_split,), allow_training_tokenizer=True)

@@ -24,14 +24,19 @@ _BF16_MATMUL_FLAGS = frozenset({"avx512_bf16", "amx_bf16", "bf16"})
 def compute_dtype(requested: str, cpuinfo_path: str = "/proc/cpuinfo") -> str:
     """The compute dtype to run: `requested`, with 'auto' resolved for this backend.
 
-    'auto' is bfloat16 on GPUs and TPUs, and on CPUs with bf16 matmul instructions (AVX512-BF16,
-    AMX, Arm's BF16); float32 on other CPUs, where XLA emulates bf16 matmuls more slowly than it
-    runs float32 ones (a quick-start step took 2.95 s in bfloat16 and 2.13 s in float32 on a
-    2-core AMD EPYC with AVX2 only, 2026-11-24).
+    'auto' is bfloat16 on TPUs, on NVIDIA GPUs from Ampere on (compute capability 8.0: bf16 tensor
+    cores) and on CPUs with bf16 matmul instructions (AVX512-BF16, AMX, Arm's BF16); float32 on
+    older GPUs and other CPUs, where bf16 matmuls are emulated, more slowly than float32 ones (a
+    quick-start step took 2.95 s in bfloat16 and 2.13 s in float32 on a 2-core AMD EPYC with
+    AVX2 only, 2026-11-24).
     """
     if requested != "auto":
         return requested
-    if jax.default_backend() != "cpu":
+    backend = jax.default_backend()
+    if backend == "gpu":
+        capability = getattr(jax.devices()[0], "compute_capability", None)  # None on ROCm: bf16 since MI100.
+        return "bfloat16" if capability is None or float(capability) >= 8.0 else "float32"
+    if backend != "cpu":
         return "bfloat16"
     try:
         with open(cpuinfo_path, encoding="utf-8") as f:

@@ -2,6 +2,7 @@
 
 import functools
 import re
+import types
 
 import jax
 import jax.numpy as jnp
@@ -122,10 +123,15 @@ def test_auto_dtype_is_bfloat16_where_the_cpu_multiplies_bfloat16(tmp_path, cpu,
     assert build.compute_dtype("auto", str(tmp_path / "absent")) == "float32"  # No flags to read.
 
 
-def test_auto_dtype_is_bfloat16_on_accelerators_and_reaches_the_model(monkeypatch):
+def test_auto_dtype_on_accelerators_and_in_the_model(monkeypatch):
     config = default.get_config()
     config.model.dtype = "auto"
     assert make_model(config, vocab_size=24).config.dtype == build.compute_dtype("auto")
     monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    monkeypatch.setattr(jax, "devices", lambda: [types.SimpleNamespace(compute_capability="9.0")])  # H100.
     assert build.compute_dtype("auto", "/proc/cpuinfo") == "bfloat16"
     assert make_model(config, vocab_size=24).config.dtype == "bfloat16"
+    monkeypatch.setattr(jax, "devices", lambda: [types.SimpleNamespace(compute_capability="7.0")])  # V100.
+    assert build.compute_dtype("auto", "/proc/cpuinfo") == "float32"
+    monkeypatch.setattr(jax, "default_backend", lambda: "tpu")
+    assert build.compute_dtype("auto", "/proc/cpuinfo") == "bfloat16"
