@@ -233,6 +233,7 @@ def test_named_dataset_under_mock_data(tmp_path, wmt_metadata, offline, mock_get
     [
         (ConnectionError("Failed to connect to statmt.org"), UserInputError),  # Offline: prepare it elsewhere.
         (OSError(errno.ENOSPC, "No space left on device", "/data/wmt14/x.array_record"), OSError),  # Kept as it is.
+        (RuntimeError("write() failed: File too large; writing /data/wmt14/x.array_record; at byte 0"), RuntimeError),
     ],
 )
 def test_named_dataset_that_cannot_be_prepared(tmp_path, monkeypatch, failure, reported):

@@ -8,6 +8,7 @@ terminated with an error naming the cause, instead of waiting forever in a
 collective.
 """
 
+import errno
 import os
 import socket
 from collections.abc import Mapping
@@ -39,17 +40,22 @@ def coordinator_problem(address: str, process_id: int | None) -> str | None:
         return f"the coordinator's host {host!r} does not resolve ({e.strerror}); give process 0's host name or IP."
     if process_id != 0:
         return None
+    # The service binds [::] for IPv4 and IPv6 alike (not IPv6-only), with SO_REUSEADDR: so does the probe.
     for family, any_address in ((socket.AF_INET6, "::"), (socket.AF_INET, "0.0.0.0")):
         try:
             probe = socket.socket(family, socket.SOCK_STREAM)
         except OSError:  # No IPv6 on this host.
             continue
         with probe:
-            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # As the service binds it.
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:
+                probe.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
             try:
                 probe.bind((any_address, int(port)))
             except OSError as e:
-                return f"process 0 cannot serve the coordination on port {port}: {e.strerror}; choose another port."
+                if e.errno in (errno.EADDRINUSE, errno.EACCES):
+                    return f"process 0 cannot serve the coordination on port {port}: {e.strerror}; choose another port."
+                continue  # Not this family's to tell (no IPv6 address here, say).
         return None
     return None
 

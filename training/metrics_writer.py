@@ -3,6 +3,7 @@
 import os
 import socket
 import time
+import uuid
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
@@ -32,8 +33,9 @@ class EventFile:
 
     def __init__(self, folder: str):
         os.makedirs(folder, exist_ok=True)
-        # TensorBoard reads every file with "tfevents" in its name; the pid keeps two writers apart.
-        name = f"events.out.tfevents.{int(time.time())}.{socket.gethostname()}.{os.getpid()}"
+        # TensorBoard reads every file with "tfevents" in its name. Writers started in the same
+        # second on one host (containers all with pid 1, say) get different names from the suffix.
+        name = f"events.out.tfevents.{int(time.time())}.{socket.gethostname()}.{os.getpid()}.{uuid.uuid4().hex[:8]}"
         self.path = os.path.join(folder, name)
         self._records = RecordWriter(self.path)
         self.append([Event(wall_time=time.time(), file_version="brain.Event:2")])
