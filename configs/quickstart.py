@@ -3,10 +3,11 @@ r"""A small Transformer on the bundled LibreOffice-help English→German corpus,
   python train.py --config=configs/quickstart.py --workdir=runs/quickstart
 
 Trains for 700 steps on packed rows, then evaluates the test split with greedy
-decoding. Measured on a 2-core AMD EPYC (2026-11-24) at ~0.38 steps/s: the whole command
-took 32 min 45 s from an empty workdir and reached 22.41 detokenized sacreBLEU on the
-2,212-pair test split (BLEU on 256 validation sentences: 8.8 at step 350, 20.5 at
-step 700); a machine 3x faster per step ran the earlier first-fit packing in 10 min 40 s
+decoding. Measured on a 2-core AMD EPYC with AVX2 only (2026-11-24), where 'auto' trains in
+float32, at ~0.45 steps/s: the whole command took 28 min 47 s from an empty workdir and
+reached 22.51 detokenized sacreBLEU on the 2,212-pair test split (BLEU on 256 validation
+sentences: 8.7 at step 350, 20.8 at step 700); in bfloat16 the same machine took 32 min 45 s
+(22.41), and a machine 3x faster per step ran the earlier first-fit packing in 10 min 40 s
 (22.50). Training is deterministic: a rerun on the same machine gives the same numbers.
 """
 
