@@ -56,7 +56,7 @@ def coordinator_problem(address: str, process_id: int | None) -> str | None:
                 if e.errno in (errno.EADDRINUSE, errno.EACCES):
                     return f"process 0 cannot serve the coordination on port {port}: {e.strerror}; choose another port."
                 continue  # Not this family's to tell (no IPv6 address here, say).
-        return None
+        break  # Bound: the port is free (for IPv4 too, when the probe was dual-stack IPv6).
     return None
 
 

@@ -8,8 +8,9 @@ the final evaluation's scores (`is_finished`); `run_all` skips those, starts the
 one at a time, writes each one's output to <workdir>/train.log, and goes on past a run
 that fails. A run trained with another config than its variant's now (the sweep file
 was edited: `config_changes`) fails, named with the changes: neither its scores nor a
-resume would be the variant's. A stop signal to the sweep is passed to the run in progress, which saves a
-checkpoint and stops (training/preemption.py); running the sweep again continues it.
+resume would be the variant's. A stop signal to the sweep is passed to the run in
+progress, which saves a checkpoint and stops (training/preemption.py); running the sweep
+again continues it.
 """
 
 import dataclasses
