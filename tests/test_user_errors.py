@@ -294,7 +294,7 @@ from training.metrics_writer import MetricWriter
 writer = MetricWriter(sys.argv[1], "eval")
 writer.write(1, {"loss": 2.5})
 noise = Figure(figsize=(4, 4))
-noise.add_subplot().imshow(np.random.default_rng(0).random((100, 100)))  # A PNG of ~100 kB.
+noise.add_subplot().imshow(np.random.default_rng(0).random((100, 100)))  # A PNG of ~50 kB.
 try:
     writer.write_figures(2, {"noise": noise})
 except OSError as e:
