@@ -12,6 +12,12 @@ from tensorboardX.proto import event_pb2
 from common import host_memory
 from models import TransformerConfig
 
+# XLA_FLAGS for tests that compile many small programs in subprocesses (8-device layouts, one
+# train.py per process): LLVM's code generation unoptimized compiles them ~1.7x as fast. The HLO
+# is the same; its kernels are slower, which costs the whole suite more than it saves where runs
+# train for real, and may round differently (fewer fused multiply-adds).
+FAST_COMPILE_XLA_FLAGS = "--xla_backend_optimization_level=0"
+
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BUNDLED_CORPUS = os.path.join(REPO_ROOT, "data", "libreoffice_help_en_de")
 

@@ -10,7 +10,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import REPO_ROOT
+from conftest import FAST_COMPILE_XLA_FLAGS, REPO_ROOT
 
 pytestmark = pytest.mark.slow
 
@@ -18,7 +18,10 @@ pytestmark = pytest.mark.slow
 def _run_check(*args: str) -> str:
     # PYTHONPATH: the checkout under test, not whatever an editable install points to.
     env = dict(
-        os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu", PYTHONPATH=REPO_ROOT
+        os.environ,
+        XLA_FLAGS=f"--xla_force_host_platform_device_count=8 {FAST_COMPILE_XLA_FLAGS}",
+        JAX_PLATFORMS="cpu",
+        PYTHONPATH=REPO_ROOT,
     )
     result = subprocess.run(
         [sys.executable, os.path.join("tests", "multi_device_check.py"), *args],

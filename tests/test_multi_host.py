@@ -23,7 +23,7 @@ import jax
 import numpy as np
 import pytest
 import tensorflow as tf
-from conftest import REPO_ROOT, tiny_config
+from conftest import FAST_COMPILE_XLA_FLAGS, REPO_ROOT, tiny_config
 from test_train_loop import _restore
 
 pytestmark = pytest.mark.slow
@@ -40,7 +40,7 @@ def _free_port() -> int:
 def _start(args: list[str], devices: int, log_path: str) -> subprocess.Popen:
     """train.py in a subprocess on `devices` CPU devices, stdout and stderr to `log_path`."""
     env = dict(os.environ, JAX_PLATFORMS="cpu", JAX_NUM_CPU_DEVICES=str(devices), TF_CPP_MIN_LOG_LEVEL="2")
-    env.pop("XLA_FLAGS", None)
+    env["XLA_FLAGS"] = FAST_COMPILE_XLA_FLAGS  # And no device count of its own: JAX_NUM_CPU_DEVICES sets it.
     with open(log_path, "w") as log:
         return subprocess.Popen(
             [sys.executable, "train.py", *args], cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT
