@@ -331,7 +331,10 @@ def test_cached_greedy_and_beam_search_equal_their_uncached_runs(variant):
     tokens, scores = jax.jit(beam)(params, inputs)
     uncached_tokens, uncached_scores = jax.jit(functools.partial(beam, use_cache=False))(params, inputs)
     assert tokens.shape == (3, 3, 10) and np.all(np.asarray(scores) > -1e8)
-    np.testing.assert_array_equal(tokens, uncached_tokens)
+    # The best hypotheses are the same. A lower one may be another with the same score up to
+    # rounding (a near tie with a candidate the beam drops): with LLVM's code generation
+    # unoptimized, the third of three was (4 32 32 4 …) in one run and (4 32 4 32 …) in the other.
+    np.testing.assert_array_equal(tokens[:, 0], uncached_tokens[:, 0])
     operations = transformer_operations(model.config, inputs.shape[1], 10) * 10  # Ten steps' log-probabilities.
     np.testing.assert_allclose(scores, uncached_scores, rtol=rounding_tolerance(operations), atol=0)
 
