@@ -11,6 +11,8 @@ from configs import quickstart
 def get_config():
     """Returns the test config."""
     config = shrink(quickstart.get_config())
+    config.model.dropout_rate = 0.1  # The tests cover dropout's random streams.
+    config.optimizer.peak_learning_rate = 1e-3
     config.eval.num_bleu_sentences = 16
     config.eval.max_decode_length = 16
     return config
