@@ -3,17 +3,17 @@ r"""The paper's Table 3 (variations on the Transformer) on the bundled corpus; p
   python sweep.py --sweep=configs/sweeps/table3.py --root=runs/table3
   python train.py --config=configs/sweeps/table3.py:heads_1 --config.seed=0 --workdir=runs/table3/heads_1/seed_0
 
-The base is the quick-start model (configs/quickstart.py: d_model 256, 4 heads so
-d_k = d_v = 64 as in the paper, d_ff 1024, 3 + 3 layers, dropout and label smoothing
-0.1, sinusoidal positions, pre-LN) trained for 600 steps of 32 packed rows of 64
-subwords (~2k target positions a batch), validated every 100 steps (loss and
-perplexity on the whole validation split; no BLEU check) and evaluated on the test
-split with greedy decoding. Pre-LN rather than the paper's post-LN: at 500 steps, in
-probe runs on the 2-core AMD EPYC, the post-LN model reached test BLEU 7.91 and the
-pre-LN one 11.62, so pre-LN leaves more room for the variants' differences to show;
-row (F) trains the paper's post-LN. Measured (2026-11-23, quiet, seed 0, before the stream's
-shuffle seed was hashed, so in another data order than a run now sees): the base run takes
-5 min 4 s from an empty workdir and reaches test BLEU 14.32 (chrF 39.8).
+The base is the quick-start's model as its first recipe trained it (configs/quickstart.py,
+d_model 256, 4 heads so d_k = d_v = 64 as in the paper, d_ff 1024, sinusoidal positions,
+pre-LN; with 3 + 3 layers and dropout 0.1 as the paper's rows assume, label smoothing 0.1)
+trained for 600 steps of 32 packed rows of 64 subwords (~2k target positions a batch),
+validated every 100 steps (loss and perplexity on the whole validation split; no BLEU check)
+and evaluated on the test split with greedy decoding. Pre-LN rather than the paper's
+post-LN: at 500 steps, in probe runs on the 2-core AMD EPYC, the post-LN model reached test
+BLEU 7.91 and the pre-LN one 11.62, so pre-LN leaves more room for the variants' differences
+to show; row (F) trains the paper's post-LN. Measured (2026-11-23, quiet, seed 0, before the
+stream's shuffle seed was hashed, so in another data order than a run now sees): the base
+run takes 5 min 4 s from an empty workdir and reaches test BLEU 14.32 (chrF 39.8).
 
 Each variant changes what the paper's row changes, scaled to this base: the paper's
 base has 6 layers, d_model 512 and 8 heads; here 3 layers, d_model 256 and 4 heads,
@@ -34,7 +34,7 @@ from configs.sweeps import Paper, Variant, config_for
 
 
 def base_config() -> ml_collections.ConfigDict:
-    """The sweep's base: the quick-start model (pre-LN), ~5 minutes a run."""
+    """The sweep's base: the quick-start's model with 3 + 3 layers and dropout (pre-LN), ~5 minutes a run."""
     config = quickstart.get_config()
     config.model.norm_placement = "pre"  # Row (F) trains the paper's post-LN.
     # The Table 3 base as its runs were trained (the quick-start now trains 2 + 2 layers without dropout).
