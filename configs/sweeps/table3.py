@@ -5,7 +5,7 @@ r"""The paper's Table 3 (variations on the Transformer) on the bundled corpus; p
 
 The base is the quick-start's model as its first recipe trained it (configs/quickstart.py,
 d_model 256, 4 heads so d_k = d_v = 64 as in the paper, d_ff 1024, sinusoidal positions,
-pre-LN; with 3 + 3 layers and dropout 0.1 as the paper's rows assume, label smoothing 0.1)
+pre-LN; 3 + 3 layers, dropout 0.1 and label smoothing 0.1, the base the rows are scaled from)
 trained for 600 steps of 32 packed rows of 64 subwords (~2k target positions a batch),
 validated every 100 steps (loss and perplexity on the whole validation split; no BLEU check)
 and evaluated on the test split with greedy decoding. Pre-LN rather than the paper's
