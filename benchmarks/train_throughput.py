@@ -9,7 +9,9 @@ For each (batching, dtype), in one process:
   rows of dataset.max_length, prefetched while the step runs);
 - `bucketed`: the length buckets translation trained on before packing: the whole train split
   tokenized in memory, batches of one bucket padded to its length (`batching.TrainBatches`,
-  about per_device_batch_size x max_length padded tokens each; one compiled step per bucket).
+  about per_device_batch_size x max_length padded tokens each; one compiled step per bucket);
+- `replayed`: the packed stream's first `--steps` batches, taken once and replayed from memory:
+  the packed step without the stream's reading, tokenizing and packing on the same cores.
 
 Each variant first compiles its step shapes (compile time: the first calls minus ordinary
 steps), then runs `--steps` steps per round; variants alternate in rounds so that a noisy
@@ -21,10 +23,13 @@ step time per target position (median over rounds: tokens/s = real share / time 
 so a ratio of two rows splits into what padding and what the step's cost per position made of
 it), and the process's kernel CPU time per step (faulting in the step's fresh buffers, see
 common/host_memory.py, and on a shared VM occasional longer stalls). Then, per step shape, the
-median step time and its cost per position.
+median step time and its cost per position. Last, the ratio of packed to bucketed tokens/s split
+into its factors: the real shares' ratio (padding), the buckets' cost per position over the
+replayed rows' (the step), and the replayed rows' over the live stream's (the stream).
 """
 
 import collections
+import itertools
 import resource
 import statistics
 import tempfile
@@ -45,7 +50,9 @@ from training.optimizer import make_optimizer
 from training.translation import TranslationTask
 
 _CONFIG = config_flags.DEFINE_config_file("config", "configs/quickstart.py", "Config file.")
-_BATCHINGS = flags.DEFINE_list("batchings", ["bucketed", "packed"], "Training batches to compare.")
+_BATCHINGS = flags.DEFINE_list(
+    "batchings", ["bucketed", "packed"], "Training batches to compare: bucketed, packed, replayed."
+)
 _DTYPES = flags.DEFINE_list("dtypes", [], "Compute dtypes to compare (default: the config's model.dtype).")
 _STEPS = flags.DEFINE_integer("steps", 30, "Timed steps per variant and round.")
 _ROUNDS = flags.DEFINE_integer("rounds", 3, "Rounds; each runs every variant once.")
@@ -62,6 +69,21 @@ def _bucketed_batches(config, workdir: str, corpus, mesh) -> tasks.TrainBatchIte
     return tasks.bucketed_train_batches(config, ids, mesh, None)
 
 
+class _Replayed:
+    """A stream's first `count` batches, taken once, then returned again and again from memory."""
+
+    def __init__(self, stream: tasks.TrainBatchIterator, count: int):
+        batches = [next(stream) for _ in range(count)]
+        stream.close()
+        self._batches = itertools.cycle(batches)
+
+    def __next__(self) -> dict[str, np.ndarray]:
+        return next(self._batches)
+
+    def close(self) -> None:
+        pass
+
+
 def _runner(config, workdir, corpus, mesh, batching: str, dtype: str) -> dict:
     """The train step as the training loop compiles it, for `dtype`, and its batches."""
     config = config.copy_and_resolve_references()
@@ -73,10 +95,12 @@ def _runner(config, workdir, corpus, mesh, batching: str, dtype: str) -> dict:
     train_step = configured_train_step(config, task.loss_fn(config, model), tx, schedule, mesh, shardings)
     if batching == "packed":
         batches = task.train_batches(config, corpus, mesh, None, 0)
+    elif batching == "replayed":
+        batches = _Replayed(task.train_batches(config, corpus, mesh, None, 0), _STEPS.value)
     elif batching == "bucketed":
         batches = _bucketed_batches(config, workdir, corpus, mesh)
     else:
-        raise app.UsageError(f"--batchings: unknown {batching!r}; choose bucketed or packed.")
+        raise app.UsageError(f"--batchings: unknown {batching!r}; choose bucketed, packed or replayed.")
     state = train_step.enter(initial_state(config, model, tx, shardings))
     return {"train_step": train_step, "batches": batches, "state": state, "shapes": set(), "first_calls": 0.0}
 
@@ -122,7 +146,7 @@ def main(argv):
             for dtype in dtypes
         }
         for (batching, _), runner in runners.items():
-            _warm_up(runner, 1 if batching == "packed" else len(config.dataset.bucket_boundaries))
+            _warm_up(runner, len(config.dataset.bucket_boundaries) if batching == "bucketed" else 1)
         timed = {variant: [] for variant in runners}  # Per round: its steps' results.
         kernel_seconds = dict.fromkeys(runners, 0.0)
         for _ in range(_ROUNDS.value):
@@ -136,32 +160,37 @@ def main(argv):
     _report(runners, timed, kernel_seconds)
 
 
+def _figures(runner: dict, rounds: list, kernel_seconds: float) -> dict:
+    """A variant's summary figures (the module docstring) from its rounds of (seconds, tokens, positions, shape)."""
+    results = [result for round_results in rounds for result in round_results]
+    median_seconds = statistics.median(s for s, _, _, _ in results)
+    return {
+        "shapes": len(runner["shapes"]),
+        "compile_seconds": runner["first_calls"] - len(runner["shapes"]) * median_seconds,
+        "tokens_per_second": statistics.median(
+            sum(t for _, t, _, _ in round_results) / sum(s for s, _, _, _ in round_results) for round_results in rounds
+        ),
+        "real_share": sum(t for _, t, _, _ in results) / sum(p for _, _, p, _ in results),
+        "seconds_per_position": statistics.median(
+            sum(s for s, _, _, _ in round_results) / sum(p for _, _, p, _ in round_results) for round_results in rounds
+        ),
+        "kernel_per_step": kernel_seconds / len(results),
+    }
+
+
 def _report(runners: dict, timed: dict, kernel_seconds: dict) -> None:
-    """Prints each variant's figures, then each step shape's (see the module docstring)."""
+    """Prints each variant's figures, each step shape's, and the packed/bucketed ratio's factors."""
+    figures = {variant: _figures(runners[variant], timed[variant], kernel_seconds[variant]) for variant in timed}
     print(
         f"{'batches':<9} {'dtype':<9} {'shapes':>6} {'compile s':>9} {'real tgt tok/s':>14} {'real share':>10} "
         f"{'us/position':>11} {'kernel s/step':>13}  (median of {_ROUNDS.value} rounds of {_STEPS.value} steps)"
     )
-    baseline = None
-    for variant, rounds in timed.items():
-        batching, dtype = variant
-        runner = runners[variant]
-        results = [result for round_results in rounds for result in round_results]
-        seconds = [s for s, _, _, _ in results]
-        tokens_per_second = statistics.median(
-            sum(t for _, t, _, _ in round_results) / sum(s for s, _, _, _ in round_results) for round_results in rounds
-        )
-        seconds_per_position = statistics.median(
-            sum(s for s, _, _, _ in round_results) / sum(p for _, _, p, _ in round_results) for round_results in rounds
-        )
-        real_share = sum(t for _, t, _, _ in results) / sum(p for _, _, p, _ in results)
-        compile_seconds = runner["first_calls"] - len(runner["shapes"]) * statistics.median(seconds)
-        kernel_per_step = kernel_seconds[variant] / len(results)
-        baseline = baseline or tokens_per_second
+    baseline = next(iter(figures.values()))["tokens_per_second"]
+    for (batching, dtype), f in figures.items():
         print(
-            f"{batching:<9} {dtype:<9} {len(runner['shapes']):>6} {compile_seconds:>9.1f} {tokens_per_second:>14.0f} "
-            f"{real_share:>10.1%} {seconds_per_position * 1e6:>11.1f} {kernel_per_step:>13.2f}  "
-            f"{tokens_per_second / baseline:.2f}x the first row"
+            f"{batching:<9} {dtype:<9} {f['shapes']:>6} {f['compile_seconds']:>9.1f} {f['tokens_per_second']:>14.0f} "
+            f"{f['real_share']:>10.1%} {f['seconds_per_position'] * 1e6:>11.1f} {f['kernel_per_step']:>13.2f}  "
+            f"{f['tokens_per_second'] / baseline:.2f}x the first row"
         )
     print()
     print(
@@ -179,6 +208,27 @@ def _report(runners: dict, timed: dict, kernel_seconds: dict) -> None:
                 f"{batching:<9} {dtype:<9} {'x'.join(map(str, shape)):>10} {len(steps):>5} "
                 f"{median_seconds * 1e3:>9.0f} {median_seconds / steps[0][2] * 1e6:>11.1f} {real_share:>10.1%}"
             )
+    for dtype in dict.fromkeys(dtype for _, dtype in figures):
+        if ("bucketed", dtype) in figures and ("packed", dtype) in figures:
+            _print_ratio_factors(figures, dtype)
+
+
+def _print_ratio_factors(figures: dict, dtype: str) -> None:
+    """packed / bucketed tokens/s = real shares' ratio x costs per position's ratio; `replayed` splits the cost."""
+    bucketed, packed = figures[("bucketed", dtype)], figures[("packed", dtype)]
+    padding = packed["real_share"] / bucketed["real_share"]
+    cost = bucketed["seconds_per_position"] / packed["seconds_per_position"]
+    print(
+        f"\n{dtype}: packed / bucketed {packed['tokens_per_second'] / bucketed['tokens_per_second']:.3f}x "
+        f"(medians of rounds) ~ padding {padding:.3f}x * cost per position {cost:.3f}x"
+    )
+    replayed = figures.get(("replayed", dtype))
+    if replayed:
+        step = bucketed["seconds_per_position"] / replayed["seconds_per_position"]
+        stream = replayed["seconds_per_position"] / packed["seconds_per_position"]
+        print(
+            f"{'':>{len(dtype)}}  cost per position {cost:.3f}x = the step's {step:.3f}x * the stream's {stream:.3f}x"
+        )
 
 
 if __name__ == "__main__":
