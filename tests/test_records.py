@@ -13,12 +13,13 @@ import pytest
 import tensorflow_datasets as tfds
 from array_record.python.array_record_module import ArrayRecordWriter
 from conftest import tiny_config, write_corpus_slice
+from tensorflow_datasets.proto import tf_example_pb2
 
 from common.errors import UserInputError
 from input_pipeline import datasets
 from input_pipeline.corpus import TOKENIZER_FILE, load_corpus
 from input_pipeline.parallel_text import read_lines
-from input_pipeline.record_source import ArrayRecordSource
+from input_pipeline.record_source import ArrayRecordSource, encode_text_example
 
 SPLITS = ("train", "valid", "test")
 LANGS = ("en", "de")
@@ -126,6 +127,16 @@ def test_the_record_source_decodes_as_the_features_do(tmp_path, monkeypatch, fea
         assert decoded.keys() == example.keys()
         for key in example:
             assert type(decoded[key]) is type(example[key]) and decoded[key] == example[key], (key, decoded)
+
+
+def test_text_records_are_written_as_the_features_write_them():
+    """The builder's own encoder: the same tf.train.Example as TFDS's serializer, decoded by the features alike."""
+    features = tfds.features.FeaturesDict({"en": tfds.features.Text(), "de": tfds.features.Text()})
+    for example in ({"en": "Open the file.", "de": "Öffnen Sie die Datei."}, {"en": "ß – 日本 \t", "de": "x"}):
+        written = encode_text_example(example)
+        parsed = tf_example_pb2.Example.FromString(written)
+        assert parsed == tf_example_pb2.Example.FromString(features.serialize_example(example))
+        assert features.deserialize_example_np(written) == {key: text.encode() for key, text in example.items()}
 
 
 def test_a_text_record_without_a_feature_is_an_error_naming_it(tmp_path):
