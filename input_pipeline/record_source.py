@@ -71,9 +71,9 @@ class ArrayRecordSource(Sequence[dict[str, Any]]):
 def encode_text_example(example: Mapping[str, str]) -> bytes:
     """A serialized tf.train.Example of text features, {key: str}: what the features' `serialize_example` writes.
 
-    Each value is stored as a bytes_list of its UTF-8 bytes, in `example`'s key order (protobuf
-    maps keep no order of their own, so the bytes may differ from the features' serializer while
-    the parsed record is the same).
+    Each value is stored as a bytes_list of its UTF-8 bytes. The bytes may differ from the
+    features' serializer's (protobuf writes a map's entries in no fixed order); the parsed record
+    is the same.
     """
     record = tf_example_pb2.Example()
     for key, text in example.items():
