@@ -7,8 +7,10 @@ quick-start's pipeline cost ~57 ms of CPU per 64-row batch (~200 µs a pair, mea
 2-core AMD EPYC, 2026-11-23); chunks of pairs, the loop below and one thread bring it to
 16-20 ms, most of it reading and tokenizing. Grain's packers also place each pair as it comes,
 which leaves ~2.5% of the quick-start's target positions empty; choosing among pairs kept
-waiting fills all but ~0.5% of them, for 2-15 ms more CPU a batch than first fit's 50-62 ms (four
-runs of the quick-start's stream on a slower machine, 2026-11-23), most of it in `_row_for`.
+waiting fills all but ~0.5% of them. Placing the pairs of a 16-row quick-start batch and
+writing its rows takes 1.3 ms of CPU with best fit, 0.8 ms with first fit, of the 5-6 ms that
+the whole stream spends on the batch (2-core AMD EPYC with AVX2, 2026-11-24; with NumPy row
+searches: 2.2 and 2.5 ms).
 
 How pairs are placed, with `lookahead` pairs in view per row of a batch:
 
@@ -200,48 +202,50 @@ class _RowBatchIterator(grain.DatasetIterator):
             ),
         )
 
-    def _row_for(self, pair: Pair, free: np.ndarray, most_free: list[int], rows_used: int) -> int | None:
-        """The row `pair` goes into, or None.
+    def _row_for(self, lengths: tuple[int, int], free: tuple[list[int], list[int]], rows_used: int) -> int | None:
+        """The row a pair of `lengths` (source, target) goes into, or None.
 
         Args:
-            pair: the pair to place.
-            free: [2, rows] positions still free per side and row.
-            most_free: free.max(axis=1): most pairs that fit nowhere are told apart without NumPy.
+            lengths: the pair's source and target lengths.
+            free: positions still free per row, of the sources' and of the targets' rows.
             rows_used: rows holding a pair already (without packing).
         """
         if not self._packing:
             return rows_used if rows_used < self._rows else None
-        if len(pair[0]) > most_free[0] or len(pair[1]) > most_free[1]:
+        need_source, need_target = lengths
+        # Most pairs in view fit no row once a batch fills up: max() in C tells them apart first. Plain lists,
+        # not NumPy: on 16 rows, NumPy's per-call costs are several times the search (quick-start stream).
+        if need_source > max(free[0]) or need_target > max(free[1]):
             return None
-        fitting = np.flatnonzero((free[0] >= len(pair[0])) & (free[1] >= len(pair[1])))
-        if not fitting.size:
-            return None
-        if self._best_fit:
-            return int(fitting[np.argmin(free[0, fitting] + free[1, fitting])])
-        return int(fitting[0])
+        best_row, best_room = None, None
+        for row, (room_source, room_target) in enumerate(zip(*free)):
+            if room_source >= need_source and room_target >= need_target:
+                if not self._best_fit:
+                    return row
+                if best_room is None or room_source + room_target < best_room:
+                    best_row, best_room = row, room_source + room_target
+        return best_row
 
     def __next__(self) -> dict[str, np.ndarray]:
         rows, length = self._rows, self._max_length
-        free = np.full((2, rows), length, np.int64)  # Positions still free per side and row.
-        segments = np.zeros(rows, np.int64)
+        free = ([length] * rows, [length] * rows)  # Positions still free per row, of the sources and targets.
+        segments = [0] * rows
         placed: list[tuple[Placement, Pair]] = []
         while self._packing or len(placed) < rows:
             self._fill_view()
             if not self._waiting and not placed:
                 raise StopIteration
             placed_now = set()
-            most_free = free.max(axis=1).tolist()
             for entry in self._in_placing_order():
                 pair = entry.pair
-                row = self._row_for(pair, free, most_free, len(placed))
+                lengths = (len(pair[0]), len(pair[1]))
+                row = self._row_for(lengths, free, len(placed))
                 if row is None:
                     continue
                 segments[row] += 1
-                starts = (length - int(free[0, row]), length - int(free[1, row]))
-                placed.append(((row, int(segments[row]), starts), pair))
-                free[0, row] -= len(pair[0])
-                free[1, row] -= len(pair[1])
-                most_free = free.max(axis=1).tolist()
+                placed.append(((row, segments[row], (length - free[0][row], length - free[1][row])), pair))
+                free[0][row] -= lengths[0]
+                free[1][row] -= lengths[1]
                 placed_now.add(id(entry))
             if not placed_now:
                 break  # None of the pairs in view fits: the batch is as full as it gets.
