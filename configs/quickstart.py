@@ -4,11 +4,11 @@ r"""A small Transformer on the bundled LibreOffice-help English→German corpus,
 
 Trains 2 + 2 layers for 1,300 steps of 16 packed rows, then evaluates the test split with
 greedy decoding. Measured on a 2-core AMD EPYC with AVX2 only (2026-11-24), where 'auto' trains
-in float32, at 2.6-3.4 steps/s: the whole command took 8 min 17 s from an empty workdir and
-reached 23.34 detokenized sacreBLEU on the 2,212-pair test split (21.09 on 256 validation
-sentences). The earlier recipe (3 + 3 layers, 700 steps of 64 rows, dropout 0.1, peak 1e-3
-after 300 warm-up steps) took 28 min 47 s there for 22.51. Training is deterministic: a rerun
-on the same machine gives the same numbers.
+in float32, at 2.0-3.2 steps/s: the whole command took 9 min 6 s from an empty workdir (8 min
+17 s in an earlier run that day, at 2.6-3.4 steps/s) and reached 23.34 detokenized sacreBLEU on
+the 2,212-pair test split (21.09 on 256 validation sentences). The earlier recipe (3 + 3 layers,
+700 steps of 64 rows, dropout 0.1, peak 1e-3 after 300 warm-up steps) took 28 min 47 s there for
+22.51. Training is deterministic: a rerun on the same machine gives the same numbers.
 """
 
 import os
