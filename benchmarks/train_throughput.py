@@ -15,9 +15,10 @@ For each (batching, dtype), in one process:
 
 Each variant first compiles its step shapes (compile time: the first calls minus ordinary
 steps), then runs `--steps` steps per round; variants alternate in rounds so that a noisy
-neighbour affects all alike. The steps run as train.py's loop runs them: the next step's batch
-is taken, placed and the step dispatched while the one before runs, so that the host's work
-between steps overlaps the device's. A step is timed from the end of the one before (the
+neighbour affects all alike, every other round in reverse order so that a machine that speeds up
+or slows down over the run favours none. The steps run as train.py's loop runs them: the next
+step's batch is taken, placed and the step dispatched while the one before runs, so that the
+host's work between steps overlaps the device's. A step is timed from the end of the one before (the
 first of a round from asking for its batch) to having its metrics, so a data pipeline that
 cannot keep up (or takes the device's CPU) shows. Reported per variant:
 real (non-pad) target tokens/s of each round (its tokens over its seconds: buckets of different
@@ -26,9 +27,12 @@ step time per target position (median over rounds: tokens/s = real share / time 
 so a ratio of two rows splits into what padding and what the step's cost per position made of
 it), and the process's kernel CPU time per step (faulting in the step's fresh buffers, see
 common/host_memory.py, and on a shared VM occasional longer stalls). Then, per step shape, the
-median step time and its cost per position. Last, the ratio of packed to bucketed tokens/s split
-into its factors: the real shares' ratio (padding), the buckets' cost per position over the
-replayed rows' (the step), and the replayed rows' over the live stream's (the stream).
+median step time and its cost per position. Last, the ratio of packed to bucketed tokens/s: the
+median over rounds of each round's ratio (within a round the two variants run one after the
+other, so a round's ratio is free of the machine's slower drifts) with its spread over the rounds; then the
+ratio of the variants' medians split into its factors: the real shares' ratio (padding), the
+buckets' cost per position over the replayed rows' (the step), and the replayed rows' over the
+live stream's (the stream).
 """
 
 import collections
@@ -170,8 +174,9 @@ def main(argv):
             _warm_up(runner, len(config.dataset.bucket_boundaries) if batching == "bucketed" else 1)
         timed = {variant: [] for variant in runners}  # Per round: its steps' results.
         kernel_seconds = dict.fromkeys(runners, 0.0)
-        for _ in range(_ROUNDS.value):
-            for variant, runner in runners.items():
+        for round_index in range(_ROUNDS.value):
+            order = list(runners.items())
+            for variant, runner in order[::-1] if round_index % 2 else order:
                 before = resource.getrusage(resource.RUSAGE_SELF).ru_stime
                 timed[variant].append(_run_steps(runner, _STEPS.value))
                 kernel_seconds[variant] += resource.getrusage(resource.RUSAGE_SELF).ru_stime - before
@@ -185,12 +190,14 @@ def _figures(runner: dict, rounds: list, kernel_seconds: float) -> dict:
     """A variant's summary figures (the module docstring) from its rounds of (seconds, tokens, positions, shape)."""
     results = [result for round_results in rounds for result in round_results]
     median_seconds = statistics.median(s for s, _, _, _ in results)
+    round_tokens_per_second = [
+        sum(t for _, t, _, _ in round_results) / sum(s for s, _, _, _ in round_results) for round_results in rounds
+    ]
     return {
         "shapes": len(runner["shapes"]),
         "compile_seconds": runner["first_calls"] - len(runner["shapes"]) * median_seconds,
-        "tokens_per_second": statistics.median(
-            sum(t for _, t, _, _ in round_results) / sum(s for s, _, _, _ in round_results) for round_results in rounds
-        ),
+        "round_tokens_per_second": round_tokens_per_second,
+        "tokens_per_second": statistics.median(round_tokens_per_second),
         "real_share": sum(t for _, t, _, _ in results) / sum(p for _, _, p, _ in results),
         "seconds_per_position": statistics.median(
             sum(s for s, _, _, _ in round_results) / sum(p for _, _, p, _ in round_results) for round_results in rounds
@@ -237,11 +244,16 @@ def _report(runners: dict, timed: dict, kernel_seconds: dict) -> None:
 def _print_ratio_factors(figures: dict, dtype: str) -> None:
     """packed / bucketed tokens/s = real shares' ratio x costs per position's ratio; `replayed` splits the cost."""
     bucketed, packed = figures[("bucketed", dtype)], figures[("packed", dtype)]
+    round_ratios = [p / b for p, b in zip(packed["round_tokens_per_second"], bucketed["round_tokens_per_second"])]
+    print(
+        f"\n{dtype}: packed / bucketed {statistics.median(round_ratios):.3f}x (median of the {len(round_ratios)} "
+        f"rounds' ratios, which range over {min(round_ratios):.3f}-{max(round_ratios):.3f}x)"
+    )
     padding = packed["real_share"] / bucketed["real_share"]
     cost = bucketed["seconds_per_position"] / packed["seconds_per_position"]
     print(
-        f"\n{dtype}: packed / bucketed {packed['tokens_per_second'] / bucketed['tokens_per_second']:.3f}x "
-        f"(medians of rounds) ~ padding {padding:.3f}x * cost per position {cost:.3f}x"
+        f"{'':>{len(dtype)}}  medians' ratio {packed['tokens_per_second'] / bucketed['tokens_per_second']:.3f}x "
+        f"~ padding {padding:.3f}x * cost per position {cost:.3f}x"
     )
     replayed = figures.get(("replayed", dtype))
     if replayed:
