@@ -15,21 +15,21 @@ For each (batching, dtype), in one process:
 
 Each variant first compiles its step shapes (compile time: the first calls minus ordinary
 steps), then runs `--steps` steps per round; variants alternate in rounds so that a noisy
-neighbour affects all alike, every other round in reverse order so that a machine that speeds up
-or slows down over the run favours none. The steps run as train.py's loop runs them: the next
-step's batch is taken, placed and the step dispatched while the one before runs, so that the
-host's work between steps overlaps the device's. A step is timed from the end of the one before (the
-first of a round from asking for its batch) to having its metrics, so a data pipeline that
-cannot keep up (or takes the device's CPU) shows. Reported per variant:
+neighbour affects all alike, every other round in reverse order so that a machine that speeds
+up or slows down over the run favours none. The steps run as train.py's loop runs them: the
+next step's batch is taken, placed and the step dispatched while the one before runs, so that
+the host's work between steps overlaps the device's. A step is timed from the end of the one
+before (the first of a round from asking for its batch) to having its metrics, so a data
+pipeline that cannot keep up (or takes the device's CPU) shows. Reported per variant:
 real (non-pad) target tokens/s of each round (its tokens over its seconds: buckets of different
 lengths average out) and their median over rounds, the real share of the target positions, the
 step time per target position (median over rounds: tokens/s = real share / time per position,
 so a ratio of two rows splits into what padding and what the step's cost per position made of
 it), and the process's kernel CPU time per step (faulting in the step's fresh buffers, see
 common/host_memory.py, and on a shared VM occasional longer stalls). Then, per step shape, the
-median step time and its cost per position. Last, the ratio of packed to bucketed tokens/s: the
-median over rounds of each round's ratio (within a round the two variants run one after the
-other, so a round's ratio is free of the machine's slower drifts) with its spread over the rounds; then the
+median step time and its cost per position. Last, the ratio of packed to bucketed tokens/s:
+the median over rounds of each round's ratio (within a round the two variants run one after the
+other, so a round's ratio is free of the machine's slower drifts) and their range; then the
 ratio of the variants' medians split into its factors: the real shares' ratio (padding), the
 buckets' cost per position over the replayed rows' (the step), and the replayed rows' over the
 live stream's (the stream).
