@@ -174,8 +174,8 @@ def main(argv):
             _warm_up(runner, len(config.dataset.bucket_boundaries) if batching == "bucketed" else 1)
         timed = {variant: [] for variant in runners}  # Per round: its steps' results.
         kernel_seconds = dict.fromkeys(runners, 0.0)
+        order = list(runners.items())
         for round_index in range(_ROUNDS.value):
-            order = list(runners.items())
             for variant, runner in order[::-1] if round_index % 2 else order:
                 before = resource.getrusage(resource.RUSAGE_SELF).ru_stime
                 timed[variant].append(_run_steps(runner, _STEPS.value))
@@ -242,7 +242,8 @@ def _report(runners: dict, timed: dict, kernel_seconds: dict) -> None:
 
 
 def _print_ratio_factors(figures: dict, dtype: str) -> None:
-    """packed / bucketed tokens/s = real shares' ratio x costs per position's ratio; `replayed` splits the cost."""
+    """packed / bucketed tokens/s: the median of the rounds' ratios, then the medians' ratio = real shares' ratio x
+    costs per position's ratio, the cost split by `replayed` into the step's and the stream's."""
     bucketed, packed = figures[("bucketed", dtype)], figures[("packed", dtype)]
     round_ratios = [p / b for p, b in zip(packed["round_tokens_per_second"], bucketed["round_tokens_per_second"])]
     print(
