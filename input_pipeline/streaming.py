@@ -5,9 +5,9 @@ The flow, per process (no process holds the corpus's text or all of its ids):
   records       the train split as a random-access source: len(), [i] -> {source_lang: bytes, target_lang: bytes}
                 (e.g. `tfds.data_source` over ArrayRecord files; only the records read are in memory)
   shuffle       a global permutation of all records from the seed, another one every epoch
-  [p::n]        process p of n keeps every n-th record of the permutation: the processes read disjoint
-                records whose union is the whole epoch, and never touch the others' (n counts distinct
-                row ranges of the batch: processes that hold the same rows read the same share)
+  [p::n]        share p of n keeps every n-th record of the permutation: the shares are disjoint and their
+                union is the whole epoch; each process reads its own and never touches the others' (n counts
+                distinct row ranges of the batch: processes that hold the same rows read the same share)
   repeat        forever (epoch e is the e-th permutation)
   chunk         CHUNK_RECORDS records at a time, each chunk read and tokenized in one call (SentencePiece ids +
                 <eos> of each side; each worker loads the tokenizer from its model file)
@@ -24,11 +24,11 @@ A batch (packed) is {'inputs', 'targets', 'inputs_segment_ids', 'targets_segment
 'targets_positions'}, each [rows, max_length] int32 (unpacked, only the first two). Segment k of an inputs
 row is the source of segment k of the targets row.
 
-The position in the stream is grain's iterator state (a small JSON dict: the chunk of records reached, the
-next pair in it and the pairs in view, waiting to be placed); `TrainStream.get_state` wraps it with what
-it is only valid for (process count, workers, chunk size), and the checkpoint keeps it per process
-(training/checkpointing.py). Restoring it continues with exactly the batch that came next. Resuming where it
-does not fit, see `TrainStream.__init__`.
+The position in the stream is grain's iterator state (a JSON dict: the chunk of records reached, the next
+pair in it and the up to packing_lookahead x rows pairs in view, waiting to be placed); `TrainStream.get_state`
+wraps it with what it is only valid for (the process and its share, workers, chunk size, records), and the
+checkpoint keeps it per process (training/checkpointing.py). Restoring it continues with exactly the batch
+that came next. Resuming where it does not fit, see `TrainStream`.
 """
 
 import hashlib
@@ -59,6 +59,9 @@ CHUNK_RECORDS = 256
 SHUFFLE_VERSION = 2
 # Records whose content the position's fingerprint samples (evenly spaced, first and last included).
 _SAMPLED_RECORDS = 8
+# Fingerprint fields that positions saved by earlier versions lack. Such a position's "process_count"
+# counted shares: where every process reads its own, that is the number of processes.
+_FIELDS_ADDED_LATER = ("process_index", "share_index", "share_count", "records_digest")
 
 
 class TokenizePair(grain.transforms.Map):
@@ -105,16 +108,16 @@ def _text(value: Any) -> str:
     return value.decode("utf-8") if isinstance(value, bytes | np.bytes_) else str(value)
 
 
-def process_record_indices(num_records: int, seed: int, process_index: int, process_count: int) -> grain.MapDataset:
-    """This process's record indices, epoch after epoch, forever: the p-th of every n of each epoch's permutation.
+def process_record_indices(num_records: int, seed: int, share_index: int, share_count: int) -> grain.MapDataset:
+    """A share's record indices, epoch after epoch, forever: the p-th of every n of each epoch's permutation.
 
-    Epoch e is a permutation of all `num_records` records from (seed, e); the processes' shares of it are
-    disjoint and together hold every record once.
+    Epoch e is a permutation of all `num_records` records from (seed, e); the `share_count` shares of it
+    are disjoint and together hold every record once.
     """
     # grain seeds epoch e's permutation with its seed + e: seeds s and s + 1 given as they are would
     # share every epoch's order but one, shifted by an epoch (a sweep's seeds would not be independent).
     shuffle_seed = _mixed_seed(seed)
-    return grain.MapDataset.range(num_records).shuffle(seed=shuffle_seed)[process_index::process_count].repeat()
+    return grain.MapDataset.range(num_records).shuffle(seed=shuffle_seed)[share_index::share_count].repeat()
 
 
 def train_dataset(
@@ -128,8 +131,8 @@ def train_dataset(
     seed: int,
     packing: bool = True,
     packing_lookahead: int = 0,
-    process_index: int = 0,
-    process_count: int = 1,
+    share_index: int = 0,
+    share_count: int = 1,
     num_workers: int = 0,
 ) -> grain.IterDataset:
     """The endless stream of this process's training batches (the flow in the module docstring).
@@ -144,7 +147,8 @@ def train_dataset(
         packing: several pairs per row with segment ids and positions; else one pair per row.
         packing_lookahead: pairs in view per row, from which the packer picks (best fit, longest first);
             0: first fit, each pair as it comes (input_pipeline/row_packing.py).
-        process_index, process_count: this process's share of the records.
+        share_index, share_count: this process's share of the records: processes that hold the same rows of
+            the global batch read the same share (training/sharding.data_share).
         num_workers: 0: read, tokenize and pack in a background thread of this process; > 0: that
             many worker processes run the whole pipeline (each on every num_workers-th chunk of
             records), their batches interleaved in turn.
@@ -153,7 +157,7 @@ def train_dataset(
         A grain.IterDataset of batches: {'inputs', 'targets'} and, with packing, the segment ids and
         positions of both sides, each [rows, max_length] int32.
     """
-    dataset = process_record_indices(len(records), seed, process_index, process_count)
+    dataset = process_record_indices(len(records), seed, share_index, share_count)
     # Misfits in a row before giving up: twice the split. One reader (one process, no workers) has then
     # read two whole epochs, and a run that long without a fit (it could straddle two permutations)
     # proves that none fits. Several readers each get a share that changes every epoch, so a pair that
@@ -205,50 +209,72 @@ def _mixed_seed(*values: int) -> int:
 class TrainStream:
     """The training batches of `train_dataset` with a position to checkpoint and restore.
 
-    The position (`get_state`) is only valid for the same records, process count, number of workers and
-    chunk size (it carries its shuffle seed); batch size, max_length and the packing lookahead may change (the
-    stream goes on from the same pairs). Resuming:
+    The position (`get_state`) is only valid for the process that saved it (its index among as many
+    processes), the same share of the same records, number of workers and chunk size (it carries its shuffle
+    seed); batch size, max_length and the packing lookahead may change (the stream goes on from the same
+    pairs). Resuming:
 
-    - with this process's saved position (same processes and workers): exactly the batch that came next;
-      on another number of devices (other `rows`) or with another packing lookahead, the batches from the
-      same pairs on, of the new size (no record skipped or repeated, but grouped into other batches);
-    - without a usable position (`state` None at a step > 0, or one saved for another process count,
-      another `num_workers`, other records, another chunk size or another shuffle: a checkpoint saved by
-      another number of processes hands on the first process's, by an earlier version a bucketed one, one
-      of grain's packer or one of the shuffle before its seed was hashed): a warning, and a fresh stream
-      shuffled with the seed folded with the step (`fold_seed`), the same in every process. Records
-      seen since the last epoch boundary may come again sooner than a full epoch later.
+    - with this process's saved position (same processes, shares and workers): exactly the batch that came
+      next; on another number of devices (other `rows`) or with another packing lookahead, the batches from
+      the same pairs on, of the new size (no record skipped or repeated, but grouped into other batches);
+    - without a usable position (`state` None at a step > 0, or one saved by another process or process
+      count, for another share, another `num_workers`, other records, another chunk size or another shuffle:
+      a checkpoint saved by another number of processes hands on the first process's, by an earlier version
+      a bucketed one, one of grain's packer or one of the shuffle before its seed was hashed): a warning,
+      and a fresh stream shuffled with the seed folded with the step (`fold_seed`). A process count that
+      changed makes every process start afresh, so their shares stay disjoint. Records seen since the last
+      epoch boundary may come again sooner than a full epoch later.
     """
 
-    def __init__(self, records: Sequence[dict], *, seed: int, state: dict | None = None, step: int = 0, **options):
+    def __init__(
+        self,
+        records: Sequence[dict],
+        *,
+        seed: int,
+        state: dict | None = None,
+        step: int = 0,
+        process_index: int = 0,
+        process_count: int = 1,
+        **options,
+    ):
         """`options`: the keyword arguments of `train_dataset` other than records and seed.
 
+        Args:
+            process_index, process_count: this process among the run's (`jax.process_index()`, `count()`),
+                which a position names: a process never resumes another's, nor one saved by another
+                number of processes (the shares of `options` may then hold other processes' rows).
+
         Raises:
-            UserInputError: `records` is empty or holds fewer records than there are processes.
+            UserInputError: `records` is empty or holds fewer records than there are shares.
         """
         if not len(records):
             raise UserInputError("The training split holds no pairs.")
-        process_count = options.get("process_count", 1)
-        if len(records) < process_count:
+        share_count = options.get("share_count", 1)
+        if len(records) < share_count:
             raise UserInputError(
-                f"The training split holds {len(records)} pairs, fewer than the {process_count} processes that "
-                "read it (each reads its own share): train on more pairs or with fewer processes."
+                f"The training split holds {len(records)} pairs, fewer than the {share_count} shares that the "
+                "processes read (one each, or one for each group holding the same rows): train on more pairs or "
+                "with fewer processes."
             )
         fits = {
+            "process_index": process_index,
             "process_count": process_count,
+            "share_index": options.get("share_index", 0),
+            "share_count": share_count,
             "num_workers": options.get("num_workers", 0),
             "records": len(records),
             "chunk_records": CHUNK_RECORDS,
             "shuffle_version": SHUFFLE_VERSION,
+            "records_digest": records_digest(records),
         }
         saved = None if state is None else state.get("stream", {})
-        digest = records_digest(records)
         resume = (
             step > 0
             and saved is not None
-            and {key: saved.get(key) for key in fits} == fits
-            # Positions saved before the digest existed fit on the record count alone, as they did then.
-            and saved.get("records_digest", digest) == digest
+            # A position saved before a field existed fits on the others alone, as it did then.
+            and all(
+                saved.get(key, value if key in _FIELDS_ADDED_LATER else None) == value for key, value in fits.items()
+            )
         )
         if resume:
             seed = saved["seed"]  # A stream restarted earlier runs on with its folded seed.
@@ -259,10 +285,10 @@ class TrainStream:
                 "a fresh stream of the records, shuffled with the seed folded with the step (%d).",
                 step,
                 json.dumps(saved),
-                json.dumps({**fits, "records_digest": digest}),
+                json.dumps(fits),
                 seed,
             )
-        self._fingerprint = {**fits, "records_digest": digest, "seed": seed}
+        self._fingerprint = {**fits, "seed": seed}
         self._iterator = train_dataset(records, seed=seed, **options).__iter__()
         if resume:
             self._iterator.set_state(state["grain"])

@@ -126,7 +126,9 @@ def test_two_processes_resume_exactly_and_their_checkpoint_restores_in_one(small
     data = os.path.join(resumed, "checkpoints", "4", "data")
     assert sorted(os.listdir(data)) == ["commit_success.txt", "process_0-of-2.json", "process_1-of-2.json"]
     positions = [json.loads(_read(os.path.join(data, f"process_{i}-of-2.json"))) for i in range(2)]
-    assert positions[0]["stream"] == positions[1]["stream"] and positions[0]["stream"]["process_count"] == 2
+    for index, position in enumerate(positions):  # Each its own share: the same count, seed and records.
+        assert position["stream"] == {**positions[0]["stream"], "process_index": index, "share_index": index}
+        assert position["stream"]["process_count"] == position["stream"]["share_count"] == 2
     # One summary file per run, from process 0 (process 1 writes none).
     assert len(glob.glob(os.path.join(resumed, "tensorboard", "train", "events.*"))) == 2
     # The final evaluation, with batches and translations split over the processes.
@@ -160,8 +162,9 @@ def test_tensor_parallel_across_processes_reads_one_share_and_averages_checkpoin
     data = os.path.join(workdir, "checkpoints", "2", "data")
     positions = [json.loads(_read(os.path.join(data, f"process_{i}-of-2.json"))) for i in range(2)]
     # One share of the records (not each process its half) and the same place in it: the same batches.
-    assert positions[0]["stream"]["process_count"] == 1
-    assert positions[0] == positions[1]
+    assert [p["stream"]["share_count"] for p in positions] == [1, 1] and positions[1]["stream"]["process_index"] == 1
+    assert positions[0]["grain"] == positions[1]["grain"]
+    assert {**positions[0]["stream"], "process_index": 1} == positions[1]["stream"]
 
     evaluate = [*args, "--mode=eval", "--checkpoint=average:2"]
     returncodes = _wait_all(_start_processes(evaluate, 2, 1, str(tmp_path / "average")), deadline)

@@ -58,12 +58,12 @@ def _pairs(batches: list[dict]) -> list[tuple[tuple[int, ...], tuple[int, ...]]]
     return pairs
 
 
-def _expected_pairs(corpus, seed: int, process_index: int = 0, process_count: int = 1) -> list:
+def _expected_pairs(corpus, seed: int, share_index: int = 0, share_count: int = 1) -> list:
     """The tokenized, length-filtered pairs of a process's record stream, in order (first six epochs)."""
     records, path = corpus
     tokenize = streaming.TokenizePair(path, "en", "de")
-    share = streaming.process_record_indices(len(records), seed, process_index, process_count)
-    pairs = [tokenize.map(records[share[i]]) for i in range(6 * (len(records) // process_count))]
+    share = streaming.process_record_indices(len(records), seed, share_index, share_count)
+    pairs = [tokenize.map(records[share[i]]) for i in range(6 * (len(records) // share_count))]
     return [
         (tuple(p["inputs"].tolist()), tuple(p["targets"].tolist()))
         for p in pairs
@@ -94,7 +94,7 @@ def _placed_and_waiting(corpus, position: dict, seed: int = 3) -> tuple[collecti
 
 
 def test_shuffle_covers_every_record_once_per_epoch_and_differs_per_epoch():
-    stream = streaming.process_record_indices(50, seed=1, process_index=0, process_count=1)
+    stream = streaming.process_record_indices(50, seed=1, share_index=0, share_count=1)
     epochs = [[stream[e * 50 + i] for i in range(50)] for e in range(3)]
     for epoch in epochs:
         assert sorted(epoch) == list(range(50))
@@ -113,7 +113,7 @@ SHARES_OF_51_RECORDS = (
 
 def test_the_record_order_is_the_one_saved_positions_index():
     for process, expected in enumerate(SHARES_OF_51_RECORDS):
-        share = streaming.process_record_indices(51, seed=3, process_index=process, process_count=3)
+        share = streaming.process_record_indices(51, seed=3, share_index=process, share_count=3)
         assert [share[i] for i in range(20)] == expected
 
 
@@ -122,7 +122,7 @@ def test_processes_read_disjoint_records_whose_union_is_everything(corpus):
     assert all(len(share) == 17 for share in first_epoch)
     assert set().union(*first_epoch) == set(range(51))
     records, path = corpus  # 150 records: 3 processes' shares of 50 each.
-    shares = [streaming.process_record_indices(150, seed=3, process_index=p, process_count=3) for p in range(3)]
+    shares = [streaming.process_record_indices(150, seed=3, share_index=p, share_count=3) for p in range(3)]
     first_epoch = [[share[i] for i in range(50)] for share in shares]
     assert all(len(set(share)) == 50 for share in first_epoch)
     union = set().union(*map(set, first_epoch))
@@ -149,8 +149,8 @@ def test_processes_read_disjoint_records_whose_union_is_everything(corpus):
         target_lang="de",
         max_length=MAX_LENGTH,
         rows=ROWS,
-        process_index=1,
-        process_count=3,
+        share_index=1,
+        share_count=3,
     )
     _take(stream, 3)
     stream.close()
@@ -350,8 +350,8 @@ def test_a_stream_where_one_pair_in_an_epoch_fits_goes_on(corpus):
 
 
 def test_fewer_records_than_processes_is_one_error(corpus):
-    with pytest.raises(UserInputError, match=r"holds 2 pairs, fewer than the 3 processes"):
-        _stream((corpus[0][:2], corpus[1]), process_index=2, process_count=3)
+    with pytest.raises(UserInputError, match=r"holds 2 pairs, fewer than the 3 shares that the processes read"):
+        _stream((corpus[0][:2], corpus[1]), share_index=2, share_count=3)
 
 
 def test_neighbouring_seeds_shuffle_every_epoch_differently():
@@ -384,20 +384,63 @@ def test_without_its_position_a_stream_starts_afresh_with_the_seed_folded_with_t
     saved = saved_by_one_process.get_state()
     saved_by_one_process.close()
     # Resumed by two processes: no position of its own (the checkpoint lacks its file) or a foreign one.
+    second_of_two = dict(process_index=1, process_count=2, share_index=1, share_count=2)
     for position in (None, saved):
         with caplog.at_level(logging.WARNING):
-            resumed = _stream(corpus, state=position, step=5, process_index=1, process_count=2)
+            resumed = _stream(corpus, state=position, step=5, **second_of_two)
         assert any("No data position fits this run at step 5" in r.getMessage() for r in caplog.records)
         caplog.clear()
-        fresh = _stream(corpus, seed=streaming.fold_seed(3, 5), process_index=1, process_count=2)
+        fresh = _stream(corpus, seed=streaming.fold_seed(3, 5), **second_of_two)
         assert _pairs(_take(resumed, 3)) == _pairs(_take(fresh, 3))
         # The new position carries the folded seed: resuming it later continues exactly.
         position = resumed.get_state()
-        continued = _stream(corpus, state=position, step=8, process_index=1, process_count=2)
+        continued = _stream(corpus, state=position, step=8, **second_of_two)
         assert _pairs(_take(continued, 2)) == _pairs(_take(resumed, 2))
         for stream in (resumed, fresh, continued):
             stream.close()
     assert streaming.fold_seed(3, 5) not in (3, streaming.fold_seed(3, 6), streaming.fold_seed(4, 5))
+
+
+def test_a_position_resumes_only_in_the_process_and_share_that_saved_it(corpus, caplog):
+    """A checkpoint saved by another number of processes hands every process the first one's position. With the
+    batch replicated over pairs of processes the number of shares can stay the same while processes change
+    shares: resumed in another share, that position would skip and repeat records without a word."""
+    first_of_two = dict(process_index=0, process_count=2, share_index=0, share_count=2)
+    interrupted = _stream(corpus, **first_of_two)
+    _take(interrupted, 5)
+    saved = json.loads(json.dumps(interrupted.get_state()))
+    expected = _pairs(_take(interrupted, 3))
+    interrupted.close()
+    with caplog.at_level(logging.WARNING):
+        resumed = _stream(corpus, state=saved, step=5, **first_of_two)
+    assert not caplog.records and _pairs(_take(resumed, 3)) == expected
+    resumed.close()
+    another_share = dict(process_index=1, process_count=2, share_index=1, share_count=2)
+    four_processes = dict(process_index=2, process_count=4, share_index=0, share_count=2)  # Its share, others' run.
+    for process in (another_share, four_processes):
+        with caplog.at_level(logging.WARNING):
+            resumed = _stream(corpus, state=saved, step=5, **process)
+        assert any("No data position fits this run at step 5" in r.getMessage() for r in caplog.records)
+        caplog.clear()
+        fresh = _stream(corpus, seed=streaming.fold_seed(3, 5), **process)
+        assert _pairs(_take(resumed, 3)) == _pairs(_take(fresh, 3))
+        resumed.close()
+        fresh.close()
+
+
+def test_a_position_saved_before_its_process_and_share_were_named_still_resumes(corpus, caplog):
+    """Positions saved by earlier versions lack them; their "process_count" counted shares."""
+    interrupted = _stream(corpus, process_index=1, process_count=2, share_index=1, share_count=2)
+    _take(interrupted, 5)
+    saved = json.loads(json.dumps(interrupted.get_state()))
+    expected = _pairs(_take(interrupted, 3))
+    interrupted.close()
+    for field in ("process_index", "share_index", "share_count"):
+        del saved["stream"][field]
+    with caplog.at_level(logging.WARNING):
+        resumed = _stream(corpus, state=saved, step=5, process_index=1, process_count=2, share_index=1, share_count=2)
+    assert not caplog.records and _pairs(_take(resumed, 3)) == expected
+    resumed.close()
 
 
 def test_a_position_saved_before_the_shuffle_seed_was_hashed_starts_afresh(corpus, caplog):

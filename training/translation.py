@@ -88,8 +88,10 @@ class TranslationTask:
             rows=rows.stop - rows.start,
             packing=dataset.packing,
             packing_lookahead=dataset.packing_lookahead,
-            process_index=share_index,
-            process_count=share_count,
+            process_index=jax.process_index(),
+            process_count=jax.process_count(),
+            share_index=share_index,
+            share_count=share_count,
             num_workers=dataset.num_workers,
         )
 
