@@ -14,6 +14,7 @@ such records (the local parallel-text builder), ~4 µs a record against ~31 µs 
 """
 
 import bisect
+import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -21,6 +22,8 @@ import numpy as np
 import tensorflow_datasets as tfds
 from array_record.python.array_record_module import ArrayRecordReader
 from tensorflow_datasets.proto import tf_example_pb2  # TFDS's copy: no TensorFlow import.
+
+from common.errors import UserInputError
 
 # No read-ahead: shuffled records are far apart, and a buffer would be refilled at every read.
 _READER_OPTIONS = "readahead_buffer_size:0"
@@ -56,16 +59,43 @@ class ArrayRecordSource(Sequence[dict[str, Any]]):
         if not 0 <= index < len(self):
             raise IndexError(f"Record {index} of a source of {len(self)}.")
         shard = bisect.bisect_right(self._starts, index) - 1
-        if self._readers[shard] is None:
-            self._readers[shard] = ArrayRecordReader(self._paths[shard], options=_READER_OPTIONS)
         position = index - self._starts[shard]
-        serialized = self._readers[shard].read(position, position + 1)[0]
+        try:
+            serialized = self._reader(shard).read(position, position + 1)[0]
+        except RuntimeError as e:  # Riegeli's checks: a chunk whose hash or framing is wrong.
+            raise _damaged(self._paths[shard], f"record {position}: {str(e).splitlines()[0]}") from None
         if self._text_keys is None:
             return self._features.deserialize_example_np(serialized)
         return _decode_text_example(serialized, self._text_keys, index)
 
     def __getstate__(self) -> dict:
         return {**self.__dict__, "_readers": [None] * len(self._paths)}
+
+    def _reader(self, shard: int) -> ArrayRecordReader:
+        """Shard `shard`'s reader, opened and checked at its first read.
+
+        Raises:
+            UserInputError: the shard is missing, unreadable or holds another number of records than
+                the dataset's info lists (a truncated file opens as an empty one).
+        """
+        if self._readers[shard] is None:
+            path, expected = self._paths[shard], self._starts[shard + 1] - self._starts[shard]
+            if not os.path.exists(path):
+                raise _damaged(path, "missing")
+            reader = ArrayRecordReader(path, options=_READER_OPTIONS)
+            if not reader.ok() or reader.num_records() != expected:
+                found = f"{reader.num_records()} records" if reader.ok() else "unreadable"
+                raise _damaged(path, f"{found}, where the dataset's info lists {expected}")
+            self._readers[shard] = reader
+        return self._readers[shard]
+
+
+def _damaged(path: str, detail: str) -> UserInputError:
+    """The error for a prepared shard that cannot be read: delete the prepared split's folder to prepare it again."""
+    return UserInputError(
+        f"The prepared records {path} are damaged ({detail}): delete {os.path.dirname(path)} and run again to "
+        "prepare the dataset anew (a local dataset is prepared by the run; a TFDS dataset by name with `tfds build`)."
+    )
 
 
 def encode_text_example(example: Mapping[str, str]) -> bytes:

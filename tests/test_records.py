@@ -150,6 +150,53 @@ def test_a_text_record_without_a_feature_is_an_error_naming_it(tmp_path):
         ArrayRecordSource([path], [1], read_as)[0]
 
 
+def _write_records(path: str, count: int, features) -> None:
+    writer = ArrayRecordWriter(path, "group_size:1,uncompressed")  # Records findable in the bytes.
+    for index in range(count):
+        writer.write(encode_text_example({"en": f"Open file {index}.", "de": f"Datei {index} öffnen."}))
+    writer.close()
+
+
+@pytest.mark.parametrize("damage", ["missing", "truncated", "overwritten"])
+def test_a_damaged_prepared_shard_is_one_error_naming_it_and_the_fix(tmp_path, damage):
+    """Not an IndexError from an empty reader (ArrayRecord opens a truncated or missing file as one), nor Riegeli's
+    hash mismatch without a path: the shard, what is wrong, and which folder to delete to prepare it again."""
+    features = tfds.features.FeaturesDict({"en": tfds.features.Text(), "de": tfds.features.Text()})
+    intact, path = str(tmp_path / "intact.array_record"), str(tmp_path / "split" / "damaged.array_record")
+    _write_records(intact, 200, features)
+    os.makedirs(os.path.dirname(path))
+    with open(intact, "rb") as f:
+        data = f.read()
+    if damage == "truncated":
+        data = data[: len(data) // 2]
+    elif damage == "overwritten":  # One record's bytes: the file opens, that record does not read.
+        data = data.replace(b"Open file 100.", b"Open file 1OO.")
+    if damage != "missing":
+        with open(path, "wb") as f:
+            f.write(data)
+    source = ArrayRecordSource([intact, path], [200, 200], features)
+    assert source[199]["en"] == b"Open file 199."  # The intact shard reads on.
+    with pytest.raises(UserInputError) as raised:
+        for index in range(200, 400):
+            source[index]
+    message = str(raised.value)
+    expected = {"missing": "(missing)", "truncated": "(unreadable, where", "overwritten": "(record 100: Corrupted"}
+    assert message.startswith(f"The prepared records {path} are damaged {expected[damage]}")
+    assert f"delete {os.path.dirname(path)} and run again" in message and "\n" not in message
+
+
+def test_a_prepared_split_with_a_shard_missing_is_read_from_its_files_and_fails_naming_it(tmp_path, corpus_dir):
+    """Not through TFDS's reader (~55 ms a read), which would fail later with its own error."""
+    config = config_for(corpus_dir, tmp_path)
+    builder = datasets.make_builder(config.dataset, str(tmp_path / "work"), required_splits=SPLITS)
+    path = builder.info.splits["train"].filepaths[0]
+    os.remove(path)
+    source = datasets.records(builder, "train")
+    assert isinstance(source, ArrayRecordSource)
+    with pytest.raises(UserInputError, match=r"are damaged \(missing\)"):
+        source[0]
+
+
 def test_a_second_start_does_not_read_the_text_files(tmp_path, corpus_dir):
     config = config_for(corpus_dir, tmp_path)
     workdir = str(tmp_path / "work")
