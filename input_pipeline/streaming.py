@@ -304,6 +304,7 @@ class TrainStream:
         return {"stream": self._fingerprint, "grain": self._iterator.get_state()}
 
     def close(self) -> None:
-        """Stops the prefetch thread or worker processes."""
-        self._iterator.close()
-        self._iterator = None  # Collected now, not at interpreter exit (where grain's cleanup fails).
+        """Stops the prefetch thread or worker processes (again: nothing)."""
+        if self._iterator is not None:
+            self._iterator.close()
+            self._iterator = None  # Collected now, not at interpreter exit (where grain's cleanup fails).

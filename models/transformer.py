@@ -218,8 +218,8 @@ class EncoderLayer(nn.Module):
         self.dropout = nn.Dropout(config.dropout_rate)
 
     def __call__(self, x: Array, mask: Array, positions: Array, *, deterministic: bool) -> Array:
-        """x: [batch, src_len, d_model]; mask: [batch, 1, src_len, src_len] source padding mask;
-        positions: [batch or 1, src_len] int, for rotary and relative positions."""
+        """x: [batch, src_len, d_model]; mask: [batch, 1, src_len, src_len], the source padding mask (in
+        packed rows, the segment mask); positions: [batch or 1, src_len] int, for rotary and relative positions."""
         residual = functools.partial(
             add_residual,
             dropout=self.dropout,
@@ -477,7 +477,8 @@ class Decoder(nn.Module):
 
         Args:
             encoded: [batch, src_len, d_model] encoder output.
-            inputs: [batch, src_len] source ids, used only for the source padding mask.
+            inputs: [batch, src_len] source ids, for the source padding mask (packed rows use
+                inputs_segment_ids instead).
             decoder_inputs: [batch, tgt_len] ids starting with bos (in packed rows, each
                 sequence starting with bos: `shift_right_per_segment`).
             inputs_segment_ids: [batch, src_len] int, for packed rows; None for one pair a row.
@@ -597,7 +598,8 @@ class Transformer(nn.Module):
 
         Args:
             encoded: [batch, src_len, d_model] from `encode`.
-            inputs: [batch, src_len] source ids, used only for the source padding mask.
+            inputs: [batch, src_len] source ids, for the source padding mask (packed rows use
+                inputs_segment_ids instead).
             decoder_inputs: [batch, tgt_len] ids, already starting with bos_id (in each
                 sequence, for packed rows).
             inputs_segment_ids: [batch, src_len], targets_segment_ids and targets_positions

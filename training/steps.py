@@ -209,7 +209,7 @@ class CompiledTrainStep:
     """
 
     run: Callable  # (state in the step's layout, placed batch, rng) -> (state, metrics)
-    place_batch: Callable  # host batch ({'inputs', 'targets'}: [batch, length]) -> the step's input
+    place_batch: Callable  # host batch ({'inputs', 'targets'}, packed rows' segment ids, positions) -> step input
     enter: Callable  # TrainState on the mesh -> the step's layout
     leave: Callable  # the step's layout -> TrainState on the mesh
 
