@@ -500,6 +500,20 @@ def test_a_run_trained_with_another_config_than_the_sweep_files_fails_and_is_not
     steps = shorter.num_train_steps
     assert sweep.config_changes(shorter, base.workdir) == [f"num_train_steps: {steps + 1} → {steps}"]
     assert sweep.config_changes(resharded, base.workdir) == ["mesh.tensor: 1 → 2"]
+    # The checkout moved: the same bundled file under another folder is no change; another corpus is.
+    bundled = os.path.join(sweep.REPOSITORY, "data", "libreoffice_help_en_de")
+    for saved, now, changed in (
+        ("/old/checkout/data/libreoffice_help_en_de", bundled, False),
+        ("/old/checkout/data/other_corpus", bundled, True),
+        ("/old/checkout/data/libreoffice_help_en_de", "/elsewhere/data/libreoffice_help_en_de", True),
+    ):
+        started, resumed = loaded.run_config(base), loaded.run_config(base)
+        started.dataset.path, resumed.dataset.path = saved, now
+        save_config(started, base.workdir)
+        assert sweep.config_changes(resumed, base.workdir) == (
+            [f"dataset.path: {saved!r} → {now!r}"] if changed else []
+        )
+    save_config(loaded.run_config(base), base.workdir)
 
     lines, left_out = sweep.pending_commands(edited, runs)
     assert [shlex.split(line)[2:4] for line in lines] == [  # base/seed_0 is evaluated again: beam 4 now.

@@ -31,7 +31,8 @@ import ml_collections
 from common.errors import UserInputError
 from configs.sweeps import Variant
 
-TRAIN_SCRIPT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "train.py")
+REPOSITORY = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TRAIN_SCRIPT = os.path.join(REPOSITORY, "train.py")
 LOG_NAME = "train.log"
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")  # A folder name, and no ':' (the config flag's separator).
 
@@ -184,6 +185,8 @@ def config_changes(config: ml_collections.ConfigDict, workdir: str) -> list[str]
 
     Only fields that change what is trained count (not `_FREE_TO_CHANGE`, nor more steps), and
     only fields both configs have: a field added to the code since keeps the behaviour it replaced.
+    A path into this checkout that named the same file in the checkout the run started from (the
+    bundled corpus, after the checkout moved) is no change (`_moved_with_the_checkout`).
 
     Returns:
         e.g. ['model.dropout_rate: 0.1 → 0.3']; [] if nothing changed or the run has not started.
@@ -202,7 +205,21 @@ def config_changes(config: ml_collections.ConfigDict, workdir: str) -> list[str]
         if saved[name] != current[name]
         and not name.startswith(_FREE_TO_CHANGE)
         and not (name == "num_train_steps" and current[name] > saved[name])
+        and not _moved_with_the_checkout(saved[name], current[name])
     ]
+
+
+def _moved_with_the_checkout(saved, current) -> bool:
+    """Whether `current`, an absolute path into this checkout, is `saved` with another checkout's folder before it.
+
+    Configs name the bundled corpus by its absolute path (configs/quickstart.py): a checkout moved or
+    renamed between a run's start and now gives another spelling of the same file. The training run
+    itself checks that it resumes on the same records (input_pipeline/streaming.records_digest).
+    """
+    if not (isinstance(saved, str) and isinstance(current, str) and os.path.isabs(current)):
+        return False
+    inside = os.path.relpath(current, REPOSITORY)
+    return not inside.startswith(os.pardir) and saved.endswith(os.sep + inside)
 
 
 def _flat(tree: dict, prefix: str = "") -> dict:
