@@ -378,6 +378,18 @@ def test_a_restored_stream_yields_exactly_the_next_batches(corpus, lookahead):
         restored.close()
 
 
+def _resumed_afresh(corpus, caplog, state: dict | None, **options) -> streaming.TrainStream:
+    """A stream resumed from `state` at step 5, checked to warn and start afresh with the seed folded with the step."""
+    with caplog.at_level(logging.WARNING):
+        resumed = _stream(corpus, state=state, step=5, **options)
+    assert any("No data position fits this run at step 5" in r.getMessage() for r in caplog.records)
+    caplog.clear()
+    fresh = _stream(corpus, seed=streaming.fold_seed(3, 5), **options)
+    assert _pairs(_take(resumed, 3)) == _pairs(_take(fresh, 3))
+    fresh.close()
+    return resumed
+
+
 def test_without_its_position_a_stream_starts_afresh_with_the_seed_folded_with_the_step(corpus, caplog):
     saved_by_one_process = _stream(corpus)
     _take(saved_by_one_process, 5)
@@ -386,17 +398,12 @@ def test_without_its_position_a_stream_starts_afresh_with_the_seed_folded_with_t
     # Resumed by two processes: no position of its own (the checkpoint lacks its file) or a foreign one.
     second_of_two = dict(process_index=1, process_count=2, share_index=1, share_count=2)
     for position in (None, saved):
-        with caplog.at_level(logging.WARNING):
-            resumed = _stream(corpus, state=position, step=5, **second_of_two)
-        assert any("No data position fits this run at step 5" in r.getMessage() for r in caplog.records)
-        caplog.clear()
-        fresh = _stream(corpus, seed=streaming.fold_seed(3, 5), **second_of_two)
-        assert _pairs(_take(resumed, 3)) == _pairs(_take(fresh, 3))
+        resumed = _resumed_afresh(corpus, caplog, position, **second_of_two)
         # The new position carries the folded seed: resuming it later continues exactly.
         position = resumed.get_state()
         continued = _stream(corpus, state=position, step=8, **second_of_two)
         assert _pairs(_take(continued, 2)) == _pairs(_take(resumed, 2))
-        for stream in (resumed, fresh, continued):
+        for stream in (resumed, continued):
             stream.close()
     assert streaming.fold_seed(3, 5) not in (3, streaming.fold_seed(3, 6), streaming.fold_seed(4, 5))
 
@@ -418,29 +425,7 @@ def test_a_position_resumes_only_in_the_process_and_share_that_saved_it(corpus, 
     another_share = dict(process_index=1, process_count=2, share_index=1, share_count=2)
     four_processes = dict(process_index=2, process_count=4, share_index=0, share_count=2)  # Its share, others' run.
     for process in (another_share, four_processes):
-        with caplog.at_level(logging.WARNING):
-            resumed = _stream(corpus, state=saved, step=5, **process)
-        assert any("No data position fits this run at step 5" in r.getMessage() for r in caplog.records)
-        caplog.clear()
-        fresh = _stream(corpus, seed=streaming.fold_seed(3, 5), **process)
-        assert _pairs(_take(resumed, 3)) == _pairs(_take(fresh, 3))
-        resumed.close()
-        fresh.close()
-
-
-def test_a_position_saved_before_its_process_and_share_were_named_still_resumes(corpus, caplog):
-    """Positions saved by earlier versions lack them; their "process_count" counted shares."""
-    interrupted = _stream(corpus, process_index=1, process_count=2, share_index=1, share_count=2)
-    _take(interrupted, 5)
-    saved = json.loads(json.dumps(interrupted.get_state()))
-    expected = _pairs(_take(interrupted, 3))
-    interrupted.close()
-    for field in ("process_index", "share_index", "share_count"):
-        del saved["stream"][field]
-    with caplog.at_level(logging.WARNING):
-        resumed = _stream(corpus, state=saved, step=5, process_index=1, process_count=2, share_index=1, share_count=2)
-    assert not caplog.records and _pairs(_take(resumed, 3)) == expected
-    resumed.close()
+        _resumed_afresh(corpus, caplog, saved, **process).close()
 
 
 def test_a_position_saved_before_the_shuffle_seed_was_hashed_starts_afresh(corpus, caplog):
@@ -450,13 +435,7 @@ def test_a_position_saved_before_the_shuffle_seed_was_hashed_starts_afresh(corpu
     saved = interrupted.get_state()
     interrupted.close()
     del saved["stream"]["shuffle_version"]  # As positions saved before it had it.
-    with caplog.at_level(logging.WARNING):
-        resumed = _stream(corpus, state=saved, step=5)
-    assert any("No data position fits this run at step 5" in r.getMessage() for r in caplog.records)
-    fresh = _stream(corpus, seed=streaming.fold_seed(3, 5))
-    assert _pairs(_take(resumed, 3)) == _pairs(_take(fresh, 3))
-    resumed.close()
-    fresh.close()
+    _resumed_afresh(corpus, caplog, saved).close()
 
 
 def test_a_position_on_another_corpus_of_the_same_size_starts_afresh(corpus, caplog):
@@ -468,25 +447,23 @@ def test_a_position_on_another_corpus_of_the_same_size_starts_afresh(corpus, cap
     interrupted.close()
     rng = random.Random(1)
     other = [{"en": _sentence(rng).encode(), "de": _sentence(rng).upper().encode()} for _ in records]
-    with caplog.at_level(logging.WARNING):
-        resumed = _stream((other, path), state=saved, step=5)
-    assert any("No data position fits this run at step 5" in r.getMessage() for r in caplog.records)
-    fresh = _stream((other, path), seed=streaming.fold_seed(3, 5))
-    assert _pairs(_take(resumed, 3)) == _pairs(_take(fresh, 3))
-    resumed.close()
-    fresh.close()
+    _resumed_afresh((other, path), caplog, saved).close()
 
 
-def test_a_position_saved_before_the_records_digest_resumes_exactly(corpus, caplog):
-    """Such positions fit on the record count alone, as they did when they were saved."""
-    interrupted = _stream(corpus)
+@pytest.mark.parametrize("fields", [("records_digest",), ("process_index", "share_index", "share_count")])
+def test_a_position_saved_before_a_field_of_its_fingerprint_existed_resumes_exactly(corpus, caplog, fields):
+    """Such positions fit on the fields they had, as they did when they were saved (their "process_count"
+    counted shares: with each process its own, the processes)."""
+    second_of_two = dict(process_index=1, process_count=2, share_index=1, share_count=2)
+    interrupted = _stream(corpus, **second_of_two)
     _take(interrupted, 5)
-    saved = interrupted.get_state()
+    saved = json.loads(json.dumps(interrupted.get_state()))
     expected = _take(interrupted, 3)
     interrupted.close()
-    del saved["stream"]["records_digest"]
+    for field in fields:
+        del saved["stream"][field]
     with caplog.at_level(logging.WARNING):
-        resumed = _stream(corpus, state=saved, step=5)
+        resumed = _stream(corpus, state=saved, step=5, **second_of_two)
     assert not any("No data position fits" in r.getMessage() for r in caplog.records)
     assert _pairs(_take(resumed, 3)) == _pairs(expected)
     resumed.close()
