@@ -63,7 +63,8 @@ class ArrayRecordSource(Sequence[dict[str, Any]]):
         try:
             serialized = self._reader(shard).read(position, position + 1)[0]
         except RuntimeError as e:  # Riegeli's checks: a chunk whose hash or framing is wrong.
-            raise _damaged(self._paths[shard], f"record {position}: {str(e).splitlines()[0]}") from None
+            reason = next(iter(str(e).splitlines()), type(e).__name__)
+            raise _damaged(self._paths[shard], f"record {position}: {reason}") from None
         if self._text_keys is None:
             return self._features.deserialize_example_np(serialized)
         return _decode_text_example(serialized, self._text_keys, index)
