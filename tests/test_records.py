@@ -150,7 +150,7 @@ def test_a_text_record_without_a_feature_is_an_error_naming_it(tmp_path):
         ArrayRecordSource([path], [1], read_as)[0]
 
 
-def _write_records(path: str, count: int, features) -> None:
+def _write_records(path: str, count: int) -> None:
     writer = ArrayRecordWriter(path, "group_size:1,uncompressed")  # Records findable in the bytes.
     for index in range(count):
         writer.write(encode_text_example({"en": f"Open file {index}.", "de": f"Datei {index} öffnen."}))
@@ -163,7 +163,7 @@ def test_a_damaged_prepared_shard_is_one_error_naming_it_and_the_fix(tmp_path, d
     hash mismatch without a path: the shard, what is wrong, and which folder to delete to prepare it again."""
     features = tfds.features.FeaturesDict({"en": tfds.features.Text(), "de": tfds.features.Text()})
     intact, path = str(tmp_path / "intact.array_record"), str(tmp_path / "split" / "damaged.array_record")
-    _write_records(intact, 200, features)
+    _write_records(intact, 200)
     os.makedirs(os.path.dirname(path))
     with open(intact, "rb") as f:
         data = f.read()
