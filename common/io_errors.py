@@ -8,9 +8,12 @@ background thread and are raised later, from the next save or the final wait, as
 a TensorStore `ValueError` whose text carries the OS error code
 (`... Failed writing: "<path>": ... No space left on device [os_error_code='28']`).
 `describe` finds the OS error in an exception, its causes and its contexts, and
-names the path and the cause.
+names the path and the cause. Where it names none (Python's buffered writes report a
+full disk when they flush, without the file; Orbax writes its metadata so), the writer
+names what it was writing (`naming`).
 """
 
+import contextlib
 import errno
 import os
 import re
@@ -62,6 +65,22 @@ def storage_errno(exc: BaseException) -> tuple[int, str | None] | None:
     return None
 
 
+@contextlib.contextmanager
+def naming(path: str):
+    """Re-raises a storage failure that names no file as an `OSError` naming `path`, the file or folder written.
+
+    Other errors, and storage failures that name their file, pass through unchanged.
+    """
+    try:
+        yield
+    except Exception as e:  # pylint: disable=broad-except
+        found = storage_errno(e)
+        if found is None or found[1] is not None:
+            raise
+        number = found[0]
+        raise OSError(number, os.strerror(number), path) from e
+
+
 def describe(exc: BaseException, folder: str | None, *, elsewhere: str = "choose another --workdir") -> str | None:
     """One line for a storage failure anywhere in the chain of `exc`; None if it is not one.
 
@@ -80,7 +99,10 @@ def describe(exc: BaseException, folder: str | None, *, elsewhere: str = "choose
         return None
     number, path = found
     verb = "cannot access" if number in (errno.EACCES, errno.EPERM) else "cannot write"
-    where = path or (f"in {os.path.abspath(folder)}" if folder else "the standard output")
+    if path is not None:
+        where = f"in {path}" if os.path.isdir(path) else path  # A folder: from `naming`.
+    else:
+        where = f"in {os.path.abspath(folder)}" if folder else "the standard output"
     return f"{verb} {where}: {os.strerror(number)} (errno {number}); {_ADVICE[number]} or {elsewhere}"
 
 

@@ -9,7 +9,7 @@ import ml_collections
 import sentencepiece as spm
 from absl import logging
 
-from common import processes
+from common import io_errors, processes
 from common.errors import UserInputError
 from input_pipeline import datasets
 from input_pipeline import tokenizer as tokenizer_lib
@@ -174,7 +174,7 @@ def labels_from_training(train_labels: list[str], names: list[str] | None) -> La
 
 def save_labels(labels: Labels, workdir: str) -> None:
     path = os.path.join(workdir, LABELS_FILE)
-    with open(path + ".tmp", "w", encoding="utf-8") as f:
+    with io_errors.naming(path), open(path + ".tmp", "w", encoding="utf-8") as f:
         f.writelines(f"{name}\t{count}\n" for name, count in zip(labels.names, labels.train_counts))
     os.replace(path + ".tmp", path)
 

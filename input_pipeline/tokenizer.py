@@ -9,6 +9,7 @@ import sentencepiece as spm
 from absl import logging
 from sentencepiece import sentencepiece_model_pb2
 
+from common import io_errors
 from common.errors import UserInputError
 from common.special_ids import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 
@@ -53,7 +54,7 @@ def train_tokenizer(
             "adjust config.tokenizer.vocab_size."
         ) from None
     tmp_path = model_path + ".tmp"
-    with open(tmp_path, "wb") as f:
+    with io_errors.naming(model_path), open(tmp_path, "wb") as f:
         f.write(model.getvalue())
     os.replace(tmp_path, model_path)
     logging.info("Trained a %d-piece %s tokenizer on %d sentences.", vocab_size, model_type, len(sentences))

@@ -9,6 +9,7 @@ import dataclasses
 import errno
 import hashlib
 import os
+import re
 import shutil
 import subprocess
 
@@ -101,6 +102,26 @@ def test_other_errors_stay_bugs():
     ):
         assert io_errors.user_error_message(error, "/w") is None
     assert io_errors.user_error_message(UserInputError("bad"), "/w") == "bad"
+
+
+def test_a_write_that_fails_without_naming_its_file_is_named_by_its_writer(tmp_path):
+    """A full disk surfaces when Python flushes a buffered file, as an `OSError` naming no file (/dev/full here)."""
+    log = tmp_path / "metrics" / "train.jsonl"
+    log.parent.mkdir()
+    log.symlink_to("/dev/full")
+    with pytest.raises(OSError) as raised:
+        metric_log.append(str(tmp_path), "train", 1, {"loss": 2.5})
+    assert io_errors.describe(raised.value, "/w").startswith(f"cannot write {log}: No space left on device (errno 28)")
+    # A folder being written is named as a folder: Orbax's asynchronous saves fail so in their metadata writes.
+    with pytest.raises(OSError) as raised, io_errors.naming(str(tmp_path)), open("/dev/full", "w") as full:
+        full.write("x")
+    assert io_errors.describe(raised.value, "/w").startswith(f"cannot write in {tmp_path}: No space left on device")
+    # A failure that names its file, and any other error, passes through unchanged.
+    with pytest.raises(ValueError, match="OCDBT"), io_errors.naming(str(tmp_path)):
+        raise ValueError(ORBAX_DISK_FULL)
+    with pytest.raises(OSError) as raised, io_errors.naming(str(tmp_path)):
+        raise OSError(errno.EIO, "Input/output error")
+    assert raised.value.filename is None
 
 
 # --- Tokenizer and input, function level ------------------------------------------------------------------
@@ -203,6 +224,12 @@ def run_train(workdir: str, corpus: str, *args: str) -> subprocess.CompletedProc
     )
 
 
+def assert_names_what_orbax_wrote(result: subprocess.CompletedProcess, workdir: str) -> None:
+    """The error names the file a failed save was writing or, where Orbax names none (its metadata), the folder."""
+    error = result.stderr.strip().splitlines()[-1]
+    assert re.match(f"error: cannot write (in )?{re.escape(workdir)}/checkpoints", error), error
+
+
 def assert_translates(workdir: str) -> None:
     result = run_entry_point("translate.py", f"--workdir={workdir}", stdin="Click OK.\n")
     assert result.returncode == 0 and len(result.stdout.splitlines()) == 1, result.stderr[-3000:]
@@ -272,10 +299,10 @@ def test_a_failed_checkpoint_save_is_one_line_and_keeps_earlier_checkpoints(trai
     result = run_entry_point("-c", _WITH_FILE_SIZE_LIMIT, "30000", "train.py", *args, "--config.num_train_steps=6")
     assert_clean_failure(
         result,
-        f"cannot write {workdir}/",
         "File too large (errno 27); raise the file size limit (`ulimit -f`) or choose another --workdir",
         "checkpoints up to step 3 are intact",
     )
+    assert_names_what_orbax_wrote(result, workdir)
     assert snapshot(os.path.join(workdir, "checkpoints", "3")) == step_3
     resumed = run_train(workdir, small_corpus, "--config.num_train_steps=6")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
@@ -361,10 +388,10 @@ def test_full_disk_and_read_only_workdir(trained_run, small_corpus, tmpfs):
     result = run_train(workdir, small_corpus, "--config.num_train_steps=6")
     assert_clean_failure(
         result,
-        f"cannot write {workdir}/",
         "No space left on device (errno 28); free space on that disk or choose another --workdir",
         "checkpoints up to step 3 are intact",
     )
+    assert_names_what_orbax_wrote(result, workdir)
     assert snapshot(os.path.join(workdir, "checkpoints", "3")) == step_3
 
     subprocess.run(["mount", "-o", "remount,ro", tmpfs], check=True)

@@ -34,6 +34,7 @@ import orbax.checkpoint as ocp
 from absl import logging
 from jax.experimental import multihost_utils
 
+from common import io_errors
 from common.errors import UserInputError
 from training.checkpoint_choice import CHECKPOINT_CHOICES, BestScore, Selection, mean_params, resolve_choice
 from training.checkpoint_integrity import Summary
@@ -158,15 +159,16 @@ class Checkpointer:
         # The best parameters of this step may still be being written. With several processes two
         # saves of one step would wait at Orbax barriers of the same name and deadlock; that save
         # (parameters only, at a new best) finishes first.
-        self._best_manager.wait_until_finished()
-        self._manager.save(
-            step,
-            args=ocp.args.Composite(
-                state=ocp.args.PyTreeSave(state),
-                data=grain.checkpoint.CheckpointSave(_Position(data_state)),
-                integrity=ocp.args.JsonSave(summary.record()),
-            ),
-        )
+        self._wait(self._best_manager)
+        with io_errors.naming(self.directory):  # Raises an earlier asynchronous save's failure.
+            self._manager.save(
+                step,
+                args=ocp.args.Composite(
+                    state=ocp.args.PyTreeSave(state),
+                    data=grain.checkpoint.CheckpointSave(_Position(data_state)),
+                    integrity=ocp.args.JsonSave(summary.record()),
+                ),
+            )
 
     def save_if_best(self, step: int, params: Any, score: float, metric: str = "bleu") -> bool:
         """Keeps `params` in best_checkpoint/ if `score` beats every earlier step's (a tie keeps the earlier).
@@ -194,14 +196,15 @@ class Checkpointer:
             if stale >= step:
                 self._best_manager.delete(stale)
         self._best = BestScore(step, float(score), metric)
-        self._best_manager.save(
-            step,
-            args=ocp.args.Composite(
-                state=ocp.args.PyTreeSave(tree),
-                score=ocp.args.JsonSave(dataclasses.asdict(self._best)),
-                integrity=ocp.args.JsonSave(summary.record()),
-            ),
-        )
+        with io_errors.naming(str(self._best_manager.directory)):
+            self._best_manager.save(
+                step,
+                args=ocp.args.Composite(
+                    state=ocp.args.PyTreeSave(tree),
+                    score=ocp.args.JsonSave(dataclasses.asdict(self._best)),
+                    integrity=ocp.args.JsonSave(summary.record()),
+                ),
+            )
         return True
 
     # --- Restoring ----------------------------------------------------------------------------------------
@@ -342,12 +345,20 @@ class Checkpointer:
         return mean_params((self.restore_params(step, abstract_params) for step in steps), abstract_params)
 
     def wait_until_finished(self) -> None:
-        self._manager.wait_until_finished()
-        self._best_manager.wait_until_finished()
+        """Waits for the asynchronous saves; raises the failure of one (a full disk, say) naming its folder."""
+        self._wait(self._manager)
+        self._wait(self._best_manager)
 
     def close(self) -> None:
-        self._manager.close()
-        self._best_manager.close()
+        for manager in (self._manager, self._best_manager):
+            with io_errors.naming(str(manager.directory)):
+                manager.close()
+
+    @staticmethod
+    def _wait(manager: ocp.CheckpointManager) -> None:
+        # Orbax's metadata writes report a full disk without the file's name.
+        with io_errors.naming(str(manager.directory)):
+            manager.wait_until_finished()
 
     def _read(self, manager: ocp.CheckpointManager, step: int, abstract_state: Any, **options) -> dict:
         """checkpoint_restore.restore_verified, with one warning per Checkpointer for unverifiable old steps."""

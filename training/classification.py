@@ -18,7 +18,7 @@ import numpy as np
 from absl import logging
 from jax.experimental import multihost_utils
 
-from common import processes
+from common import io_errors, processes
 from common.mesh_axes import LogicalRules
 from common.special_ids import PAD_ID
 from input_pipeline import batching
@@ -164,7 +164,8 @@ class ClassificationEvaluator:
             return scores
         out_dir = os.path.join(workdir, "eval", split)
         os.makedirs(out_dir, exist_ok=True)
-        with open(os.path.join(out_dir, PREDICTIONS_FILE), "w", encoding="utf-8") as f:
+        path = os.path.join(out_dir, PREDICTIONS_FILE)
+        with io_errors.naming(path), open(path, "w", encoding="utf-8") as f:
             f.write("label\tprediction\tprobability\ttext\n")
             for i, sentence in enumerate(text.texts):
                 predicted = int(predictions[i])

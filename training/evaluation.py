@@ -15,7 +15,7 @@ import sentencepiece as spm
 from absl import logging
 from jax.experimental import multihost_utils
 
-from common import processes
+from common import io_errors, processes
 from common.mesh_axes import LogicalRules
 from common.special_ids import BOS_ID, EOS_ID, PAD_ID
 from input_pipeline import batching
@@ -190,7 +190,8 @@ def evaluate_split(
         return scores, hypotheses
     os.makedirs(out_dir, exist_ok=True)
     for name, lines in (("hypotheses.txt", hypotheses), ("references.txt", text.targets)):
-        with open(os.path.join(out_dir, name), "w", encoding="utf-8") as f:
+        path = os.path.join(out_dir, name)
+        with io_errors.naming(path), open(path, "w", encoding="utf-8") as f:
             f.writelines(line.replace("\n", " ") + "\n" for line in lines)
     write_scores(scores, out_dir)
     return scores, hypotheses
@@ -198,7 +199,8 @@ def evaluate_split(
 
 def write_scores(scores: dict, out_dir: str) -> None:
     """Writes <out_dir>/scores.json: valid JSON, a NaN or infinite score null and named (`nulls_for_nonfinite`)."""
-    with open(os.path.join(out_dir, "scores.json"), "w", encoding="utf-8") as f:
+    path = os.path.join(out_dir, "scores.json")
+    with io_errors.naming(path), open(path, "w", encoding="utf-8") as f:
         json.dump(nulls_for_nonfinite(scores), f, indent=2, allow_nan=False)
 
 

@@ -15,6 +15,7 @@ import ml_collections
 import sentencepiece as spm
 from absl import logging
 
+from common import io_errors
 from common.errors import UserInputError
 from input_pipeline import tokenizer as tokenizer_lib
 from input_pipeline.batching import RaggedIds
@@ -31,7 +32,7 @@ CONFIG_FILE = "config.json"
 def save_config(config: ml_collections.ConfigDict, workdir: str) -> None:
     """Writes the run's config to <workdir>/config.json, for translate.py and later evaluation."""
     path = os.path.join(workdir, CONFIG_FILE)
-    with open(path + ".tmp", "w", encoding="utf-8") as f:
+    with io_errors.naming(path), open(path + ".tmp", "w", encoding="utf-8") as f:
         f.write(config.to_json_best_effort(indent=2, sort_keys=True))
     os.replace(path + ".tmp", path)
 

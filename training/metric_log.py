@@ -11,6 +11,8 @@ import math
 import os
 from collections.abc import Mapping
 
+from common import io_errors
+
 
 def path(workdir: str, name: str) -> str:
     """Where the metrics called `name` ('train', 'valid') of the run in `workdir` are logged."""
@@ -22,7 +24,7 @@ def append(workdir: str, name: str, step: int, metrics: Mapping[str, float]) -> 
     record = {"step": int(step), **{key: _finite_or_none(value) for key, value in metrics.items()}}
     log_path = path(workdir, name)
     os.makedirs(os.path.dirname(log_path), exist_ok=True)
-    with open(log_path, "a", encoding="utf-8") as f:
+    with io_errors.naming(log_path), open(log_path, "a", encoding="utf-8") as f:
         f.write(json.dumps(record, allow_nan=False) + "\n")
 
 

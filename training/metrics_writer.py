@@ -15,6 +15,7 @@ from tensorboardX.proto.summary_pb2 import Summary
 from tensorboardX.record_writer import RecordWriter
 from tensorboardX.utils import figure_to_image
 
+from common import io_errors
 from training import metric_log
 
 if TYPE_CHECKING:  # matplotlib is imported only by the code that draws figures.
@@ -42,12 +43,10 @@ class EventFile:
 
     def append(self, events: list[Event]) -> None:
         """Writes `events` and flushes them to disk (fsync)."""
-        try:
+        with io_errors.naming(self.path):
             for event in events:
                 self._records.write(event.SerializeToString())
             self._records.flush()
-        except OSError as e:  # Python's buffered writes do not say which file failed.
-            raise OSError(e.errno, e.strerror, self.path) from e
 
     def close(self) -> None:
         self._records.close()
