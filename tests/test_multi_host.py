@@ -175,7 +175,9 @@ def test_tensor_parallel_across_processes_reads_one_share_and_averages_checkpoin
 
 def test_when_one_process_is_killed_the_other_stops_with_an_error(small_corpus, tmp_path):
     workdir = str(tmp_path / "run")
-    processes = _start_processes(_train_args(small_corpus, workdir, 100_000), 2, 1, str(tmp_path / "process"))
+    # Half the default heartbeat timeout: the bound below keeps a 4x margin on a loaded 2-core machine.
+    args = [*_train_args(small_corpus, workdir, 100_000), "--heartbeat_timeout_seconds=15"]
+    processes = _start_processes(args, 2, 1, str(tmp_path / "process"))
     first_log = str(tmp_path / "process.0.log")
     try:
         deadline = time.monotonic() + _TIMEOUT
