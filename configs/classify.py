@@ -13,11 +13,11 @@ trained with Adam (peak 1e-3, label smoothing 0.1, dropout 0.3) for 2,100 steps 
 apart (--checkpoint=best). At the end the test split is evaluated into
 <workdir>/eval/test/{scores.json,predictions.tsv,confusion_matrix.png}.
 
-Expected, measured on the 2-core x86-64 CPU (2026-11-22, other jobs running: load
-average 2-3): 5 min 6 s from an empty workdir; test accuracy 0.832, macro-F1 0.816
-(majority class 'calc': 0.332); validation accuracy 0.734 / 0.813 / 0.825 / 0.835 at
-steps 300 / 900 / 1500 / 2100. A bag-of-words linear classifier on the same split
-(`python benchmarks/bag_of_words.py`) reaches 0.822 / 0.806: 1 point lower, about one
+Expected, measured on a 2-core AMD EPYC with AVX-512 and AVX512-BF16 (2026-11-25): 6 min
+36 s from an empty workdir; test accuracy 0.832, macro-F1 0.814 (majority class 'calc':
+0.332); validation accuracy 0.734 / 0.815 / 0.826 / 0.833 at steps 300 / 900 / 1500 / 2100.
+A bag-of-words linear classifier on the same split (`python benchmarks/bag_of_words.py`)
+reaches 0.822 / 0.806: 1 point lower, about one
 standard error of a 1,449-example test split. Training is deterministic: a rerun gives
 the same numbers.
 """
