@@ -1,6 +1,6 @@
 r"""Classifies sentences with a trained classifier: one line in, `label<TAB>probability` out.
 
-  echo "Select the cells you want to merge." | python classify.py --workdir=runs/classify
+  echo "Enter the formula in the cell and press Enter." | python classify.py --workdir=runs/classify
   python classify.py --workdir=runs/classify --checkpoint=best --input=sentences.txt --output=labels.tsv
 
   echo "Click Format - Cells." | python classify.py --workdir=runs/classify --attention_maps=maps/

@@ -1,7 +1,7 @@
 r"""Classification with the encoder: which application's help a LibreOffice help sentence comes from.
 
   python train.py --config=configs/classify.py --workdir=runs/classify
-  echo "Select the cells you want to merge." | python classify.py --workdir=runs/classify
+  echo "Enter the formula in the cell and press Enter." | python classify.py --workdir=runs/classify
 
 The bundled data/libreoffice_help_topics (English help sentences, 7 labels: writer,
 calc, impress_draw, basic, math, base, chart; 27,430 train, 1,485 valid, 1,449 test)
