@@ -266,10 +266,16 @@ def test_a_misfit_is_an_error_not_damage(workdir):
 
 
 @pytest.mark.parametrize(
-    "choice, damaged_step",
-    [("3", 3), ("average:2", 3), ("average:3", 2), ("best", 2)],
+    "choice, damaged_step, others",
+    # A damaged best leaves the same step of the rotation (its intact copy) among the choices.
+    [
+        ("3", 3, "steps 1, 2"),
+        ("average:2", 3, "steps 1, 2"),
+        ("average:3", 2, "steps 1, 3"),
+        ("best", 2, "steps 1, 2, 3"),
+    ],
 )
-def test_a_damaged_chosen_checkpoint_is_one_error(tmp_path, choice, damaged_step):
+def test_a_damaged_chosen_checkpoint_is_one_error(tmp_path, choice, damaged_step, others):
     workdir = str(tmp_path / "run")
     _save_steps(workdir, (1, 2, 3), best=2)
     if choice == "best":
@@ -285,7 +291,33 @@ def test_a_damaged_chosen_checkpoint_is_one_error(tmp_path, choice, damaged_step
     message = str(error.value)
     assert "\n" not in message
     assert message.startswith(f"The checkpoint at step {damaged_step} in {directory} is damaged: ")
-    assert "Choose another checkpoint: 'latest' (the newest intact step) or a step" in message
+    assert message.endswith(
+        f"Choose another checkpoint: 'latest' (the newest intact step) or a step (the workdir also holds {others})."
+    )
+
+
+def test_a_best_with_damaged_parameters_is_replaced_at_the_next_validation_after_a_restart(tmp_path, caplog):
+    """Its score alone is intact: a resumed run must not keep comparing with parameters it cannot load."""
+    workdir = str(tmp_path / "run")
+    _save_steps(workdir, (1, 2), best=2)  # Score 10.0.
+    shutil.rmtree(os.path.join(best_checkpoint_dir(workdir), "2", "state"))
+    checkpointer = Checkpointer(workdir)
+    with caplog.at_level(logging.WARNING):
+        assert checkpointer.best().step == 2  # Still what 'best' names until replaced.
+    [warning] = _warnings(caplog)
+    assert warning == (
+        f"The checkpoint at step 2 in {best_checkpoint_dir(workdir)} is damaged: its state/ folder is missing; "
+        "the next validation score replaces it as the best."
+    )
+    checkpointer.save(_state(3), {"epoch": 0, "batch": 3})
+    assert checkpointer.save_if_best(3, _params(3), 9.5)  # Lower than the damaged best's 10.0.
+    assert not checkpointer.save_if_best(4, _params(4), 9.5)  # A tie keeps the earlier, as ever.
+    checkpointer.wait_until_finished()
+    assert sorted(os.listdir(best_checkpoint_dir(workdir))) == ["3"]
+    params, selection = checkpointer.load_params("best", _replicated_structs(_params(0)))
+    checkpointer.close()
+    assert selection.step == 3
+    _assert_params_equal(params, 3)
 
 
 # --- Silent corruption ------------------------------------------------------------------------------------
@@ -469,3 +501,29 @@ def test_data_position_is_kept_per_process_and_a_missing_one_is_the_first_proces
     assert checkpointer.restore(1, _abstract_state())[1] is None
     assert checkpointer.restore_latest(_abstract_state())[1]["grain"]["parent"]["next_index"] == 29
     checkpointer.close()
+
+
+@pytest.mark.parametrize("damage", ["missing", "empty", "garbled"])
+def test_a_lost_data_position_costs_the_position_not_the_step(tmp_path, caplog, damage):
+    """The state is intact: the run resumes from the step without its position (the batches start afresh)."""
+    workdir = str(tmp_path / "run")
+    _save_steps(workdir, (1, 2))
+    position_file = os.path.join(checkpoint_dir(workdir), "2", "data", "process_0-of-1.json")
+    if damage == "missing":
+        os.remove(position_file)
+    else:
+        with open(position_file, "w", encoding="utf-8") as f:
+            f.write("" if damage == "empty" else '{"epoch": 0, "ba')
+    checkpointer = Checkpointer(workdir)
+    with caplog.at_level(logging.WARNING):
+        state, data_state = checkpointer.restore_latest(_abstract_state())
+    checkpointer.close()
+
+    assert int(state.step) == 2 and data_state is None
+    _assert_params_equal(state.params, 2)
+    [warning] = _warnings(caplog)
+    reason = "is missing" if damage == "missing" else "is unreadable ("
+    assert warning.startswith(f"The data position of step 2, {position_file}, {reason}")
+    assert warning.endswith(": resuming without it.") and "\n" not in warning
+    assert not os.path.exists(damaged_checkpoint_dir(workdir))
+    assert sorted(os.listdir(checkpoint_dir(workdir))) == ["1", "2"]

@@ -56,13 +56,7 @@ def restore_verified(
     def damaged(cause: str) -> DamagedCheckpointError:
         return DamagedCheckpointError(str(manager.directory), step, cause)
 
-    if not os.path.isdir(os.path.join(step_dir, "state")):
-        raise damaged("its state/ folder is missing")
-    try:
-        metadata = manager.item_metadata(step)["state"].tree
-    except Exception as e:  # pylint: disable=broad-except  (garbled metadata fails in many ways)
-        raise damaged(f"its metadata is unreadable ({one_line(e)})") from None
-    _check_fit(manager, step, metadata, abstract_state, partial=partial)
+    _check_fit(manager, step, saved_state_metadata(manager, step), abstract_state, partial=partial)
 
     recorded = None
     if os.path.isdir(os.path.join(step_dir, "integrity")):
@@ -96,6 +90,22 @@ def restore_verified(
             "its files were altered after the save"
         )
     return restored, recorded is not None
+
+
+def saved_state_metadata(manager: ocp.CheckpointManager, step: int) -> Any:
+    """The tree metadata of the 'state' item saved at `step` (names, shapes, dtypes; no array is read).
+
+    Raises:
+        DamagedCheckpointError: the state/ folder is missing, or its metadata unreadable.
+    """
+    if not os.path.isdir(os.path.join(str(manager.directory), str(step), "state")):
+        raise DamagedCheckpointError(str(manager.directory), step, "its state/ folder is missing")
+    try:
+        return manager.item_metadata(step)["state"].tree
+    except Exception as e:  # pylint: disable=broad-except  (garbled metadata fails in many ways)
+        raise DamagedCheckpointError(
+            str(manager.directory), step, f"its metadata is unreadable ({one_line(e)})"
+        ) from None
 
 
 def _check_fit(manager: ocp.CheckpointManager, step: int, saved_tree: Any, abstract: Any, *, partial: bool) -> None:

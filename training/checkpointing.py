@@ -38,7 +38,13 @@ from common import io_errors
 from common.errors import UserInputError
 from training.checkpoint_choice import CHECKPOINT_CHOICES, BestScore, Selection, mean_params, resolve_choice
 from training.checkpoint_integrity import Summary
-from training.checkpoint_restore import DamagedCheckpointError, one_line, restore_verified, some_names
+from training.checkpoint_restore import (
+    DamagedCheckpointError,
+    one_line,
+    restore_verified,
+    saved_state_metadata,
+    some_names,
+)
 from training.state import TrainState
 
 __all__ = [
@@ -80,22 +86,17 @@ class NonFiniteStateError(UserInputError):
 class _Position:
     """The 'data' item for grain's CheckpointHandler: a batch iterator's position (a JSON-able dict) as bytes.
 
-    The handler writes `get_state()` of any item that is not a grain DatasetIterator as text. Saves run
-    in Orbax's background thread while training goes on, so the position is taken when the save starts,
-    not read from the live iterator. Restoring fills `state`.
+    The handler writes `get_state()` of any item that is not a grain DatasetIterator as text, one file per
+    process (`_position_file`), which `Checkpointer.restore` reads back as JSON. Saves run in Orbax's
+    background thread while training goes on, so the position is taken when the save starts, not read
+    from the live iterator.
     """
 
-    def __init__(self, state: dict | None = None):
+    def __init__(self, state: dict):
         self.state = state
 
     def get_state(self) -> bytes:
         return json.dumps(self.state).encode()
-
-    def set_state(self, saved: bytes) -> None:
-        self.state = json.loads(saved)
-
-    def start_prefetch(self) -> None:  # Called by the handler after set_state.
-        pass
 
 
 def _position_file(step_dir: str) -> str:
@@ -131,6 +132,9 @@ class Checkpointer:
         )
         # Read back, so a resumed run compares with the best of the steps before the restart.
         self._best = self._read_best_score()
+        # A best whose parameters are damaged stays what 'best' names (loading it is then one clear
+        # error), but a resumed run replaces it at its next validation, whatever the score.
+        self._best_is_damaged = self._best is not None and not read_only and not self._best_state_readable()
 
     def latest_step(self) -> int | None:
         return self._manager.latest_step()
@@ -185,7 +189,7 @@ class Checkpointer:
         """
         if not math.isfinite(score):
             raise NonFiniteStateError(f"Refusing to keep step {step} as the best: its validation {metric} is {score}.")
-        if self._best is not None and score <= self._best.value:
+        if self._best is not None and not self._best_is_damaged and score <= self._best.value:
             return False
         tree = {"params": params}
         summary = _finite_summary(tree, f"Refusing to keep step {step} as the best: its parameters hold")
@@ -195,7 +199,7 @@ class Checkpointer:
         for stale in self._best_manager.all_steps():
             if stale >= step:
                 self._best_manager.delete(stale)
-        self._best = BestScore(step, float(score), metric)
+        self._best, self._best_is_damaged = BestScore(step, float(score), metric), False
         with io_errors.naming(str(self._best_manager.directory)):
             self._best_manager.save(
                 step,
@@ -216,8 +220,9 @@ class Checkpointer:
             The state, and this process's data position (a step saved by an earlier version holds one
             JSON position for all processes: that one). Where the step was saved by another number of
             processes, so that this process has no file of its own: a warning, and the first process's
-            position (None if there is none). The batches decide whether a position fits: classification's
-            are the same in every process; translation's stream starts afresh
+            position. Where this process's file is missing or unreadable: a warning, and None; the intact
+            state still restores. The batches decide what a position (or none) means: classification's
+            are the same in every process; translation's stream starts afresh where it does not fit
             (input_pipeline/streaming.TrainStream).
 
         Args:
@@ -230,41 +235,46 @@ class Checkpointer:
             DamagedCheckpointError: the checkpoint cannot be restored as it was saved.
         """
         self._require_step(step)
-        position_file = _position_file(os.path.join(self.directory, str(step)))
-        if os.path.exists(position_file):
-            restored = self._read(
-                self._manager, step, abstract_state, data=grain.checkpoint.CheckpointRestore(_Position())
-            )
-            return restored["state"], restored["data"].state
         state = self._read(self._manager, step, abstract_state)["state"]
+        return state, self._data_position(step)
+
+    def _data_position(self, step: int) -> dict | None:
+        """This process's data position saved at `step` (see `restore`), or None with a warning saying why.
+
+        A position file that is missing or unreadable where the step's state is intact costs the
+        position, not the step: the run resumes from the step, and the batches decide what to do
+        without a position, as for one saved by another number of processes.
+        """
+        position_file = _position_file(os.path.join(self.directory, str(step)))
         data_dir = os.path.dirname(position_file)
         legacy = os.path.join(data_dir, "metadata")  # Earlier versions: one JSON position for all processes.
-        if os.path.exists(legacy):
-            try:
-                with open(legacy, encoding="utf-8") as f:
-                    return state, json.load(f)
-            except (OSError, ValueError) as e:
-                logging.warning("The data position of step %d (%s) is unreadable: %s.", step, legacy, one_line(e))
-                return state, None
         saved = sorted(glob.glob(os.path.join(data_dir, "process_*-of-*.json")))
-        logging.warning(
-            "The checkpoint at step %d holds no data position for process %d of %d (%s has %s): it was saved by "
-            "another number of processes.%s",
-            step,
-            jax.process_index(),
-            jax.process_count(),
-            data_dir,
-            ", ".join(os.path.basename(f) for f in saved) or "none",
-            f" Handing on {os.path.basename(saved[0])} (the batches decide whether it fits)." if saved else "",
-        )
-        if not saved:
-            return state, None
+        by_this_count = any(path.endswith(f"-of-{jax.process_count()}.json") for path in saved)
+        if os.path.exists(position_file):
+            path = position_file
+        elif os.path.exists(legacy):
+            path = legacy
+        elif saved and not by_this_count:
+            path = saved[0]
+            logging.warning(
+                "The checkpoint at step %d holds no data position for process %d of %d (%s has %s): it was saved "
+                "by another number of processes. Handing on %s (the batches decide whether it fits).",
+                step,
+                jax.process_index(),
+                jax.process_count(),
+                data_dir,
+                ", ".join(os.path.basename(f) for f in saved),
+                os.path.basename(path),
+            )
+        else:
+            path = position_file  # Saved by this number of processes (or with no position at all): lost.
         try:
-            with open(saved[0], encoding="utf-8") as f:
-                return state, json.load(f)
+            with open(path, encoding="utf-8") as f:
+                return json.load(f)
         except (OSError, ValueError) as e:
-            logging.warning("The data position %s is unreadable: %s.", saved[0], one_line(e))
-            return state, None
+            reason = "is missing" if isinstance(e, FileNotFoundError) else f"is unreadable ({one_line(e)})"
+            logging.warning("The data position of step %d, %s, %s: resuming without it.", step, path, reason)
+            return None
 
     def restore_latest(self, abstract_state: TrainState) -> tuple[TrainState, dict | None] | None:
         """The newest intact step's state, for resuming; None if there is no checkpoint.
@@ -331,7 +341,8 @@ class Checkpointer:
                 return self.average_params(selection.steps, abstract_params), selection
             return self.restore_params(selection.step, abstract_params), selection
         except DamagedCheckpointError as e:
-            others = [str(step) for step in self.all_steps() if step != e.step]
+            # A damaged best leaves the same step of the rotation (the same parameters) a choice.
+            others = [str(step) for step in self.all_steps() if step != e.step or e.directory != self.directory]
             holds = f"step{'s' if len(others) > 1 else ''} {', '.join(others)}" if others else "no other step"
             raise DamagedCheckpointError(
                 e.directory,
@@ -438,6 +449,15 @@ class Checkpointer:
                 one_line(e),
             )
             return None
+
+    def _best_state_readable(self) -> bool:
+        """Whether the best checkpoint's parameters have readable metadata; warns where not."""
+        try:
+            saved_state_metadata(self._best_manager, self._best.step)
+        except DamagedCheckpointError as e:
+            logging.warning("%s; the next validation score replaces it as the best.", e)
+            return False
+        return True
 
     def _require_step(self, step: int) -> None:
         if step not in self._manager.all_steps():
