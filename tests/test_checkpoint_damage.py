@@ -503,7 +503,7 @@ def test_data_position_is_kept_per_process_and_a_missing_one_is_the_first_proces
     checkpointer.close()
 
 
-@pytest.mark.parametrize("damage", ["missing", "empty", "garbled"])
+@pytest.mark.parametrize("damage", ["missing", "only another process's", "empty", "garbled"])
 def test_a_lost_data_position_costs_the_position_not_the_step(tmp_path, caplog, damage):
     """The state is intact: the run resumes from the step without its position (the batches start afresh)."""
     workdir = str(tmp_path / "run")
@@ -511,6 +511,8 @@ def test_a_lost_data_position_costs_the_position_not_the_step(tmp_path, caplog, 
     position_file = os.path.join(checkpoint_dir(workdir), "2", "data", "process_0-of-1.json")
     if damage == "missing":
         os.remove(position_file)
+    elif damage == "only another process's":  # Saved by this number of processes: not another count's.
+        os.rename(position_file, position_file.replace("process_0-of-1", "process_1-of-1"))
     else:
         with open(position_file, "w", encoding="utf-8") as f:
             f.write("" if damage == "empty" else '{"epoch": 0, "ba')
@@ -522,7 +524,7 @@ def test_a_lost_data_position_costs_the_position_not_the_step(tmp_path, caplog, 
     assert int(state.step) == 2 and data_state is None
     _assert_params_equal(state.params, 2)
     [warning] = _warnings(caplog)
-    reason = "is missing" if damage == "missing" else "is unreadable ("
+    reason = "is unreadable (" if damage in ("empty", "garbled") else "is missing"
     assert warning.startswith(f"The data position of step 2, {position_file}, {reason}")
     assert warning.endswith(": resuming without it.") and "\n" not in warning
     assert not os.path.exists(damaged_checkpoint_dir(workdir))

@@ -132,8 +132,9 @@ class Checkpointer:
         )
         # Read back, so a resumed run compares with the best of the steps before the restart.
         self._best = self._read_best_score()
-        # A best whose parameters are damaged stays what 'best' names (loading it is then one clear
-        # error), but a resumed run replaces it at its next validation, whatever the score.
+        # A best whose state/ is missing or whose metadata is unreadable (checked without reading an
+        # array: damage inside the array files shows only when 'best' is loaded) stays what 'best'
+        # names, loading it being one clear error, but a resumed run replaces it at its next validation.
         self._best_is_damaged = self._best is not None and not read_only and not self._best_state_readable()
 
     def latest_step(self) -> int | None:
@@ -451,7 +452,7 @@ class Checkpointer:
             return None
 
     def _best_state_readable(self) -> bool:
-        """Whether the best checkpoint's parameters have readable metadata; warns where not."""
+        """Whether the best checkpoint's state/ is there with readable metadata; warns where not."""
         try:
             saved_state_metadata(self._best_manager, self._best.step)
         except DamagedCheckpointError as e:
