@@ -9,12 +9,20 @@ import contextlib
 from collections.abc import Iterator
 
 import jax
+import numpy as np
 from jax.experimental import multihost_utils
 
 
 def is_main_process() -> bool:
     """Whether this process writes the run's files (logs, summaries, evaluation output, tokenizer)."""
     return jax.process_index() == 0
+
+
+def main_process_answer(answer: bool) -> bool:
+    """Process 0's `answer`, in every process: for a choice all of them must make alike from files only it reads."""
+    if jax.process_count() == 1:
+        return answer
+    return bool(multihost_utils.broadcast_one_to_all(np.bool_(answer)))
 
 
 def barrier(name: str) -> None:

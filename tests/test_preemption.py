@@ -16,9 +16,12 @@ import numpy as np
 import pytest
 from conftest import REPO_ROOT, tiny_config
 from test_multi_host import _read, _start_processes, _train_args, _wait_all
-from test_train_loop import _restore
+from test_train_loop import _best, _restore
 
+from common.errors import TrainingStopped
+from training import loop, metric_log
 from training.preemption import StopSignals, exit_status
+from training.translation import TranslationTask
 
 _STOPPED = re.compile(  # The one line a stopped run prints: (signal, step, checkpoint folder).
     r"^Stopped by (\S+|a stop signal to one of the processes) after step (\d+), saved in (\S+); "
@@ -40,6 +43,58 @@ def test_a_signal_becomes_a_stop_request_and_the_handlers_come_back(signal_numbe
     assert stopped.exit_status == exit_status(signal_number) == status
     match = _STOPPED.match(str(stopped))
     assert match and match.groups() == (signal.Signals(signal_number).name, "2", "/runs/a/checkpoints")
+
+
+class _SignalAtStep:
+    """Training batches that send this process SIGTERM as step `stop_at` takes its batch."""
+
+    def __init__(self, batches, first_step: int, stop_at: int):
+        self._batches, self._step, self._stop_at = batches, first_step, stop_at
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        self._step += 1
+        if self._step == self._stop_at:
+            signal.raise_signal(signal.SIGTERM)  # Runs the loop's handler before the step is dispatched.
+        return next(self._batches)
+
+    def get_state(self):
+        return self._batches.get_state()
+
+    def close(self):
+        self._batches.close()
+
+
+@pytest.mark.slow
+def test_a_validation_step_saved_by_a_stop_is_validated_on_resuming(small_corpus, tmp_path, monkeypatch):
+    # Steps 2 and 4 are due for validation; a signal stops the run during each, the second time on the last step.
+    config = tiny_config(small_corpus, num_train_steps=4, eval_every_steps=2, checkpoint_every_steps=4)
+    config.eval.num_bleu_sentences, config.eval.split = 4, "valid"
+    workdir = str(tmp_path / "run")
+    train_batches = TranslationTask.train_batches
+    for stop_at in (2, 4, None):
+        monkeypatch.setattr(
+            TranslationTask,
+            "train_batches",
+            lambda self, config, data, mesh, position, step: _SignalAtStep(
+                train_batches(self, config, data, mesh, position, step), step, stop_at
+            ),
+        )
+        if stop_at is None:
+            loop.train_and_evaluate(config, workdir)  # No step left: validates step 4, then evaluates.
+        else:
+            with pytest.raises(TrainingStopped, match=f"after step {stop_at}, saved"):
+                loop.train_and_evaluate(config, workdir)
+            assert stop_at not in metric_log.read(workdir, "valid")  # Saved, not validated.
+
+    valid = metric_log.read(workdir, "valid")
+    assert list(valid) == [2, 4] and all(valid[step]["loss"] is not None for step in valid)
+    best_step = max(valid, key=lambda step: valid[step]["bleu"])  # The first of a tie, as the checkpointer keeps.
+    assert _best(workdir).step == best_step
+    train_steps = [step for step, metrics in metric_log.read(workdir, "train").items() if "num_params" in metrics]
+    assert train_steps == [0]  # Written once, not again at each restart.
 
 
 def _latest_step(workdir: str) -> int:

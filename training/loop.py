@@ -13,10 +13,11 @@ import numpy as np
 from absl import logging
 from tqdm import tqdm
 
+from common import processes
 from common.errors import TrainingStopped, UserInputError
 from models.classifier import Classifier
 from models.transformer import TransformerConfig
-from training import divergence, flops, preemption, sharding, tasks
+from training import divergence, flops, metric_log, preemption, sharding, tasks
 from training.checkpointing import Checkpointer, averaged_checkpoint_dir, save_params
 from training.inference import load_trained_model, save_config
 from training.metrics_writer import MetricWriter
@@ -86,7 +87,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
     train_step = configured_train_step(config, task.loss_fn(config, model), tx, learning_rate_fn, mesh, shardings)
     evaluator = task.evaluator(config, model, corpus, mesh)
     writers = {name: MetricWriter(workdir, name) for name in ("train", "valid")}
-    writers["train"].write(int(state.step), {"num_params": sum(x.size for x in jax.tree.leaves(state.params))})
+    if int(state.step) == 0:
+        writers["train"].write(0, {"num_params": sum(x.size for x in jax.tree.leaves(state.params))})
     with contextlib.closing(train_batches):
         state = _train(
             config,
@@ -98,6 +100,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
             checkpointer,
             writers,
             throughput,
+            validate_first=_validation_missed(config, workdir, int(state.step)),
         )
 
     scores = evaluator.evaluate(state.params, int(state.step), f"step {int(state.step)}", workdir)
@@ -117,8 +120,11 @@ def _train(
     checkpointer: Checkpointer,
     writers: dict[str, MetricWriter],
     throughput: "_Throughput",
+    validate_first: bool = False,
 ) -> TrainState:
     """Runs the steps from state.step to config.num_train_steps: logs, validates, saves, stops on a signal.
+
+    validate_first: validate state.step before the first step (`_validation_missed`).
 
     Returns:
         The final state, its last save complete.
@@ -128,7 +134,6 @@ def _train(
     """
     first_step = int(state.step)
     base_rng = state.rng.copy()  # Step keys fold in from it; the state's own buffers are donated.
-    step_state = train_step.enter(state)
     guard = divergence.NonFiniteGuard(
         config.nonfinite, config.max_nonfinite_in_a_row, functools.partial(_latest_checkpoint, checkpointer)
     )
@@ -141,6 +146,11 @@ def _train(
         disable=jax.process_index() != 0,
     )
     with progress, preemption.StopSignals(first_step) as stop_signals, _saves_finished_when_stopped(checkpointer):
+        if validate_first:  # Inside StopSignals: a signal now stops the run after its next step, saved.
+            logging.info("Step %d was saved by a stop signal before its validation: validating it now.", first_step)
+            writers["valid"].write(first_step, _validate(evaluator, state, keep_best_metric, checkpointer))
+            interval_start = time.perf_counter()  # Evaluation is not training time.
+        step_state = train_step.enter(state)
         for step in range(first_step + 1, config.num_train_steps + 1):
             batch = train_step.place_batch(next(train_batches))
             step_state, metrics = train_step.run(step_state, batch, jax.random.fold_in(base_rng, step))
@@ -185,6 +195,18 @@ def _train(
         if stop_signals.received_unheeded():
             raise stop_signals.stopped(config.num_train_steps, checkpointer.directory)
     return train_step.leave(step_state)
+
+
+def _validation_missed(config: ml_collections.ConfigDict, workdir: str, step: int) -> bool:
+    """Whether the restored `step` is one to validate but has no validation record.
+
+    A stop signal during such a step saves it without validating it, to be quick (a
+    preemption's grace period is short): the resumed run validates it first, so that
+    its scores are logged and its parameters can still become the best checkpoint.
+    """
+    if step == 0 or (step % config.eval_every_steps != 0 and step != config.num_train_steps):
+        return False
+    return processes.main_process_answer(processes.is_main_process() and step not in metric_log.read(workdir, "valid"))
 
 
 def _validate(evaluator: tasks.Evaluator, state: TrainState, metric: str, checkpointer: Checkpointer) -> dict:
