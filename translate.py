@@ -36,7 +36,8 @@ _ATTENTION_MAPS = flags.DEFINE_string(
     "attention_maps",
     None,
     "Also draw attention maps of each line into DIR/line_<n>/ (PNG, every layer and head). A line "
-    "'source<TAB>target' draws them for that target; otherwise for the translation.",
+    "'source<TAB>target' draws them for that target (and translates the source); otherwise for the "
+    "translation. Without this flag a tab is part of the sentence.",
 )
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "Config file the run was trained with (default: <workdir>/config.json).", lock_config=True
@@ -84,7 +85,8 @@ def translate(workdir: str) -> None:
         raise UserInputError(f"{workdir} holds a {config.task} run, not a translation model; use classify.py for it.")
     config = _decoding_config(config)
     lines = text_io.read_input_lines(_INPUT.value)
-    sources = [line.split("\t", 1)[0] for line in lines]
+    # 'source<TAB>target' lines are for attention maps; otherwise a tab is part of the sentence.
+    sources = [line.partition("\t")[0] for line in lines] if _ATTENTION_MAPS.value else lines
     trained = inference.load_trained_model(config, workdir, _CHECKPOINT.value)
     decoding = evaluation.describe_decoding(config.eval)
     logging.info("Translating %d lines: %s, %s.", len(lines), trained.selection.description, decoding)

@@ -10,7 +10,9 @@ files, and later runs read the prepared records without opening the text. Only
 before preparing are the files checked (`check_parallel_files`, one streaming
 pass): a missing or empty file, differing line counts or bytes that are not
 UTF-8 stop the run with a message naming the file, before anything is written.
-Pairs with an empty side are skipped and counted, not fatal.
+Every line pair becomes a record, so that an evaluation's output lines up with the
+files; a pair with an empty side is counted here, left out of training by the stream
+(`row_packing.py`) and translated as an empty line.
 """
 
 import dataclasses
@@ -202,8 +204,12 @@ def _fingerprint(files: dict[str, SplitFiles]) -> str:
 class ParallelText(tfds.core.GeneratorBasedBuilder):
     """Aligned sentence pairs from local text files, prepared once into ArrayRecord files."""
 
-    VERSION = tfds.core.Version("2.0.0")
-    RELEASE_NOTES = {"1.0.0": "Initial release.", "2.0.0": "Prepared in ArrayRecord files (random access)."}
+    VERSION = tfds.core.Version("3.0.0")
+    RELEASE_NOTES = {
+        "1.0.0": "Initial release.",
+        "2.0.0": "Prepared in ArrayRecord files (random access).",
+        "3.0.0": "Pairs with an empty side are kept (a record per line), so evaluations line up with the files.",
+    }
 
     def __init__(
         self,
@@ -256,13 +262,22 @@ class ParallelText(tfds.core.GeneratorBasedBuilder):
             )
             path = template.sharded_filepath(shard_index=0, num_shards=1)
             writer = ArrayRecordWriter(os.fspath(path), _WRITER_OPTIONS)
-            num_examples = num_bytes = 0
+            num_examples = num_bytes = num_full = 0
             for _, example in examples:
                 record = encode_text_example(example)  # The Text features' record, 8x faster (record_source.py).
                 writer.write(record)
                 num_examples, num_bytes = num_examples + 1, num_bytes + len(record)
+                num_full += all(example.values())
             writer.close()
-            if not num_examples:
+            if num_full < num_examples:
+                logging.warning(
+                    "%s: %d of %d pairs have an empty side; training leaves them out, evaluation translates "
+                    "an empty source as an empty line.",
+                    self._files[split].source,
+                    num_examples - num_full,
+                    num_examples,
+                )
+            if not num_full:
                 files = self._files[split]
                 raise UserInputError(f"{files.source} and {files.target} hold no pair with text on both sides.")
             split_infos.append(
@@ -277,13 +292,6 @@ class ParallelText(tfds.core.GeneratorBasedBuilder):
         return {split: self._generate_examples(files) for split, files in self._files.items()}
 
     def _generate_examples(self, files: SplitFiles) -> Iterator[tuple[int, dict]]:
-        skipped = num_lines = 0
         lines = zip(read_lines(files.source), read_lines(files.target), strict=True)  # Counts checked.
-        for num_lines, (source, target) in enumerate(lines, start=1):
-            source, target = source.strip(), target.strip()
-            if not source or not target:
-                skipped += 1
-                continue
-            yield num_lines - 1, {self._source_lang: source, self._target_lang: target}
-        if skipped:
-            logging.warning("%s: skipped %d of %d pairs with an empty side.", files.source, skipped, num_lines)
+        for index, (source, target) in enumerate(lines):
+            yield index, {self._source_lang: source.strip(), self._target_lang: target.strip()}

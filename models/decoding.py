@@ -53,13 +53,16 @@ def argmax_token(logits: Array, rng: Array) -> Array:
 
 
 def sampled_token(temperature: float, top_k: int = 0) -> ChooseToken:
-    """Samples from softmax(logits / temperature), restricted to the top_k tokens if top_k > 0."""
+    """Samples from softmax(logits / temperature), restricted to the top_k tokens if top_k > 0.
+
+    A top_k of at least the vocabulary's size restricts nothing.
+    """
     if temperature <= 0:
         raise ValueError(f"Sampling needs temperature > 0, got {temperature}; use greedy decoding for 0.")
 
     def choose(logits: Array, rng: Array) -> Array:
         logits = logits / temperature
-        if top_k > 0:
+        if 0 < top_k < logits.shape[-1]:
             kth_largest = jax.lax.top_k(logits, top_k)[0][:, -1:]
             logits = jnp.where(logits >= kth_largest, logits, NEG_INF)
         return jax.random.categorical(rng, logits, axis=-1).astype(jnp.int32)

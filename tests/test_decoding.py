@@ -164,6 +164,7 @@ _IDS = dict(bos_id=BOS, eos_id=EOS, pad_id=PAD)
         (2.0, 0, 0.7**0.5 / (0.7**0.5 + 0.3**0.5)),  # p ** (1 / T), renormalised.
         (0.5, 0, 0.7**2 / (0.7**2 + 0.3**2)),
         (1.0, 1, 1.0),  # Only the most likely token is left.
+        (1.0, 1000, 0.7),  # More than the vocabulary's 20 tokens: no restriction.
     ],
 )
 def test_sampling_follows_the_tempered_distribution(temperature, top_k, expected_share_of_5):

@@ -338,6 +338,21 @@ def test_a_stream_where_no_pair_fits_is_one_error(corpus):
     stream.close()
 
 
+def test_pairs_with_an_empty_side_are_left_out(corpus):
+    records, path = corpus
+    empty = [{"en": b"", "de": b"THE HOUSE"}, {"en": b"the house", "de": b""}, {"en": b"", "de": b""}]
+    tokenize = streaming.TokenizePair(path, "en", "de")
+    fitting = set()
+    for record in records[:20]:
+        pair = tokenize.map(record)
+        if max(len(pair["inputs"]), len(pair["targets"])) <= MAX_LENGTH:
+            fitting.add((tuple(pair["inputs"].tolist()), tuple(pair["targets"].tolist())))
+    stream = _stream((records[:20] + empty, path), rows=2)
+    pairs = _pairs(_take(stream, 3 * len(fitting)))  # Over several epochs of the 23 records.
+    stream.close()
+    assert len(fitting) >= 2 and set(pairs) == fitting  # Only <eos> on a side: never placed.
+
+
 def test_a_stream_where_one_pair_in_an_epoch_fits_goes_on(corpus):
     """The misfits between two reads of the one pair that fits may span most of two epochs."""
     records = [{"en": " ".join(["garden"] * 30).encode(), "de": " ".join(["GARDEN"] * 30).encode()}] * 149

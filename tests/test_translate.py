@@ -2,6 +2,7 @@
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -28,7 +29,8 @@ def trained_workdir(small_corpus, tmp_path_factory):
 
 def test_translate_keeps_one_line_per_input_line(trained_workdir):
     long_line = " ".join(["Click the OK button to close the dialog."] * 20)  # Far over 32 subwords.
-    lines = ["Click OK.", "", long_line, "   ", "Select a cell."]
+    # Without --attention_maps a tab is part of the sentence, so line 6 is as long as line 3.
+    lines = ["Click OK.", "", long_line, "   ", "Select a cell.", f"Select a cell.\t{long_line}"]
     result = run_entry_point(
         "translate.py", f"--workdir={trained_workdir}", "--beam_size=2", stdin="\n".join(lines) + "\n"
     )
@@ -37,6 +39,7 @@ def test_translate_keeps_one_line_per_input_line(trained_workdir):
     assert outputs[-1] == "" and len(outputs) == len(lines) + 1  # Every line ends with a newline.
     assert outputs[1] == "" and outputs[3] == ""  # Empty in, empty out.
     assert "Line 3 is longer than 32 subwords" in result.stderr
+    assert "Line 6 is longer than 32 subwords" in result.stderr
     assert "beam 2, alpha 0.6" in result.stderr
 
 
@@ -69,22 +72,40 @@ def test_translate_reports_bad_requests_in_one_line(trained_workdir, tmp_path):
     empty.mkdir()
     result = run_entry_point("translate.py", f"--workdir={empty}", stdin="Click OK.\n")
     assert result.returncode == 2 and "config.json does not exist" in result.stderr
+    (empty / "config.json").write_text('{"model": {', encoding="utf-8")  # Cut short.
+    result = run_entry_point("translate.py", f"--workdir={empty}", stdin="Click OK.\n")
+    last = result.stderr.strip().splitlines()[-1]
+    assert result.returncode == 2 and "config.json is unreadable" in last and "--config=" in last, last
+    assert "Traceback" not in result.stderr
 
 
-def test_evaluation_with_beam_search_writes_bleu_and_chrf(trained_workdir, small_corpus):
+def test_evaluation_with_beam_search_writes_bleu_and_chrf_line_for_line(trained_workdir, small_corpus, tmp_path):
+    corpus = shutil.copytree(small_corpus, tmp_path / "corpus")
+    sources, references = ((corpus / f"valid.{lang}").read_text(encoding="utf-8").splitlines() for lang in ("en", "de"))
+    sources[2], references[4] = "", "  "  # Kept: the outputs line up with the files.
+    for lang, lines in (("en", sources), ("de", references)):
+        (corpus / f"valid.{lang}").write_text("".join(line + "\n" for line in lines), encoding="utf-8")
     result = run_entry_point(
         "train.py",
         "--config=configs/tiny.py",
         f"--workdir={trained_workdir}",
-        f"--config.dataset.path={small_corpus}",
+        f"--config.dataset.path={corpus}",
         "--mode=eval",
         "--config.eval.beam_size=3",
         "--config.eval.length_penalty=1.0",
         "--config.eval.split=valid",
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    with open(os.path.join(trained_workdir, "eval", "valid", "scores.json")) as f:
+    out = os.path.join(trained_workdir, "eval", "valid")
+    with open(os.path.join(out, "scores.json")) as f:
         scores = json.load(f)
+    hypotheses, written_references = (
+        open(os.path.join(out, name), encoding="utf-8").read().split("\n")[:-1]
+        for name in ("hypotheses.txt", "references.txt")
+    )
+    assert scores["num_sentences"] == len(hypotheses) == len(sources) == 40
+    assert written_references == [line.strip() for line in references]
+    assert hypotheses[2] == ""  # An empty source translates as an empty line.
     assert scores["decoding"] == "beam 3, alpha 1"
     assert 0 <= scores["chrf"] <= 100 and scores["chrf_signature"].startswith("nrefs:1|case:mixed|eff:yes|nc:6")
     assert scores["signature"].startswith("nrefs:1|case:mixed|eff:no|tok:13a")
@@ -102,6 +123,15 @@ def test_translate_draws_attention_maps_for_given_or_translated_targets(trained_
     for line in ("line_1", "line_3"):
         assert sorted(os.listdir(maps / line)) == expected
         assert (maps / line / expected[0]).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_output_is_utf8_whatever_the_locale():
+    """As the input is read: a translation into German must not depend on the terminal's encoding."""
+    write = "from training.text_io import write_output_lines; print('first'); write_output_lines(['Grüße'], None)"
+    env = dict(os.environ, PYTHONIOENCODING="ascii")  # As stdout's encoding under a non-UTF-8 locale.
+    result = subprocess.run([sys.executable, "-c", write], cwd=REPO_ROOT, env=env, capture_output=True, timeout=120)
+    assert result.returncode == 0, result.stderr.decode()
+    assert result.stdout == "first\nGrüße\n".encode()
 
 
 def test_output_to_a_reader_that_stops_early_ends_quietly_with_141():

@@ -101,12 +101,14 @@ def translate_ids(setup: EvalSetup, params, sources: batching.RaggedIds) -> list
     """Output ids of every source, in their order, each cut before its first <eos>.
 
     Sources are batched by their own length; those longer than the last bucket are
-    cut to it, keeping their <eos> (callers warn). Every process gets every output.
+    cut to it, keeping their <eos> (callers warn). An empty source (only <eos>) is not
+    decoded: its output is empty. Every process gets every output.
     """
     outputs = [[] for _ in range(len(sources))]
+    nonempty = np.flatnonzero(sources.lengths > 1)
     base_rng = jax.random.PRNGKey(setup.seed)
     rows = functools.partial(process_rows, mesh=setup.mesh, rules=setup.rules)
-    batches = batching.source_batches(sources, setup.boundaries, setup.batch_sizes, rows)
+    batches = batching.source_batches(sources.select(nonempty), setup.boundaries, setup.batch_sizes, rows)
     for batch_index, (inputs, indices) in enumerate(batches):
         max_length = decode_length(inputs.shape[1], setup.max_decode_length)
         sharded = shard_batch({"inputs": inputs}, setup.mesh, setup.rules)["inputs"]
@@ -115,7 +117,7 @@ def translate_ids(setup: EvalSetup, params, sources: batching.RaggedIds) -> list
         decoded = multihost_utils.process_allgather(decoded, tiled=True)  # [batch, max_length] on every process.
         for row, index in enumerate(indices):
             ids = decoded[row].tolist()
-            outputs[index] = ids[: ids.index(EOS_ID)] if EOS_ID in ids else ids
+            outputs[nonempty[index]] = ids[: ids.index(EOS_ID)] if EOS_ID in ids else ids
     return outputs
 
 

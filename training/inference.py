@@ -41,7 +41,7 @@ def load_config(workdir: str) -> ml_collections.ConfigDict:
     """The config a workdir's run was trained with.
 
     Raises:
-        UserInputError: the workdir has no config.json (pass the config file instead).
+        UserInputError: the workdir has no readable config.json (pass the config file instead).
     """
     path = os.path.join(workdir, CONFIG_FILE)
     if not os.path.exists(path):
@@ -49,8 +49,14 @@ def load_config(workdir: str) -> ml_collections.ConfigDict:
             f"{path} does not exist: {workdir} holds no run trained with this version of the code; "
             "pass the config it was trained with, e.g. --config=configs/quickstart.py."
         )
-    with open(path, encoding="utf-8") as f:
-        return ml_collections.ConfigDict(json.load(f))
+    try:
+        with open(path, encoding="utf-8") as f:
+            return ml_collections.ConfigDict(json.load(f))
+    except (OSError, ValueError) as e:  # ValueError: not JSON, or not UTF-8.
+        raise UserInputError(
+            f"{path} is unreadable ({e}); pass the config the run was trained with, e.g. "
+            "--config=configs/quickstart.py (training writes the file again)."
+        ) from None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -128,18 +134,12 @@ def translate_lines(setup: evaluation.EvalSetup, params, lines: Sequence[str], m
         lines: source sentences.
         max_source_length: longer sources (in subwords, with <eos>) are cut to it, with a warning.
     """
-    lines = [line.strip() for line in lines]
-    nonempty = [i for i, line in enumerate(lines) if line]
-    sources, cut = encode_sources(setup.tokenizer, [lines[i] for i in nonempty], max_source_length)
+    sources, cut = encode_sources(setup.tokenizer, [line.strip() for line in lines], max_source_length)
     for i in cut:
         logging.warning(
-            "Line %d is longer than %d subwords; only its beginning is translated.", nonempty[i] + 1, max_source_length
+            "Line %d is longer than %d subwords; only its beginning is translated.", i + 1, max_source_length
         )
-    outputs = [""] * len(lines)
-    if nonempty:
-        for i, ids in zip(nonempty, evaluation.translate_ids(setup, params, sources)):
-            outputs[i] = setup.tokenizer.decode(ids)
-    return outputs
+    return [setup.tokenizer.decode(ids) for ids in evaluation.translate_ids(setup, params, sources)]
 
 
 def sentence_attention_figures(

@@ -56,8 +56,9 @@ def write_output_lines(lines: list[str], path: str | None) -> None:
     text = "".join(line + "\n" for line in lines)
     if path is None:
         try:
-            sys.stdout.write(text)
-            sys.stdout.flush()
+            sys.stdout.flush()  # What was written as text before, first.
+            sys.stdout.buffer.write(text.encode("utf-8"))  # UTF-8 whatever the locale, as the input is read.
+            sys.stdout.buffer.flush()
         except BrokenPipeError:
             # Python flushes stdout again at exit: it must find somewhere to write.
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
