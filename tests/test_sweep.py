@@ -277,9 +277,9 @@ def test_the_difference_to_the_base_pairs_runs_of_the_same_seed():
     assert sweep_report.paired_difference({0: 21.0}, {1: 20.0}) is None
 
 
-def _write_scores(workdir, step, checkpoint=None, decoding="greedy"):
+def _write_scores(workdir, step, checkpoint=None, decoding="greedy", **fields):
     os.makedirs(os.path.join(workdir, "eval", "test"))
-    scores = {"step": step, "checkpoint": checkpoint or f"step {step}", "decoding": decoding, "bleu": 20.0}
+    scores = {"step": step, "checkpoint": checkpoint or f"step {step}", "decoding": decoding, "bleu": 20.0, **fields}
     with open(os.path.join(workdir, "eval", "test", "scores.json"), "w", encoding="utf-8") as f:
         json.dump(scores, f)
 
@@ -298,6 +298,10 @@ def test_a_run_is_finished_when_its_final_scores_are_for_the_configs_last_step(t
     assert not sweep.is_finished(config, str(tmp_path / "beam"))
     _write_scores(str(tmp_path / "best"), steps, checkpoint=f"best (step {steps // 2}, valid BLEU 9.00)")
     assert not sweep.is_finished(config, str(tmp_path / "best"))
+    _write_scores(str(tmp_path / "same_length"), steps, max_decode_length=config.eval.max_decode_length)
+    assert sweep.is_finished(config, str(tmp_path / "same_length"))
+    _write_scores(str(tmp_path / "shorter_outputs"), steps, max_decode_length=3)  # A later `--mode=eval`.
+    assert not sweep.is_finished(config, str(tmp_path / "shorter_outputs"))
     os.makedirs(tmp_path / "cut" / "eval" / "test")
     (tmp_path / "cut" / "eval" / "test" / "scores.json").write_text('{"step": 4', encoding="utf-8")
     assert not sweep.is_finished(config, str(tmp_path / "cut"))
@@ -370,6 +374,9 @@ def test_a_variant_of_a_field_the_config_lacks_is_refused():
         config_for(base, variants, "typo")
     with pytest.raises(UserInputError, match="No variant 'other'"):
         config_for(base, variants, "other")
+    wrong_type = (Variant("heads", "x", "y", {"model.num_heads": 4.0}),)
+    with pytest.raises(UserInputError, match=r"'heads' sets model.num_heads=4.0, .*int"):
+        config_for(base, wrong_type, "heads")
 
 
 def test_table3_has_the_base_first_and_every_row_of_the_issue():
@@ -414,6 +421,21 @@ def test_a_file_without_variants_is_not_a_sweep(tmp_path):
     )
     with pytest.raises(UserInputError, match="must be letters"):
         sweep.load_sweep(str(path))
+    path.write_text("VARIANTS = (('base', 'x', 'y'),)\ndef get_config(v='base'):\n    return None\n", encoding="utf-8")
+    with pytest.raises(UserInputError, match="is not a sweep file"):  # Tuples, not Variants.
+        sweep.load_sweep(str(path))
+    path.write_text(
+        "from configs.sweeps import Variant\nVARIANTS = (Variant('base', 'x', 'y'),)\n"
+        "def get_config():\n    return None\n",
+        encoding="utf-8",
+    )
+    with pytest.raises(UserInputError, match="get_config must take the variant's name"):
+        sweep.load_sweep(str(path))
+    folder = tmp_path / "sweeps:v2"  # ml_collections would read '--config=<path>' up to the ':' only.
+    folder.mkdir()
+    (folder / "table.py").write_text("", encoding="utf-8")
+    with pytest.raises(UserInputError, match=r"holds a ':', which train.py cannot read; rename"):
+        sweep.load_sweep(str(folder / "table.py"))
 
 
 def test_unused_paper_fields_default_to_none():
@@ -558,3 +580,28 @@ def test_summaries_estimate_each_variant_and_pair_its_seeds_with_the_base():
     assert (more.estimates["test_bleu"].n, more.differences["test_bleu"].mean) == (1, 1.0)  # 13 - 12, seed 1.
     assert more.differences["valid_perplexity"].mean == -2.0
     assert none.estimates["test_bleu"] is None and none.differences["test_bleu"] is None and none.steps is None
+
+
+def test_the_run_in_progress_is_stopped_when_the_sweep_is_killed(tmp_path):
+    """A sweep killed outright (SIGKILL) must not leave its train.py training, its workdir locked."""
+    stopped = tmp_path / "stopped"
+    train = (  # Stands in for train.py: on SIGTERM it stops, as train.py saves and stops.
+        "import signal, sys, time; "
+        f"signal.signal(signal.SIGTERM, lambda *_: (open({str(stopped)!r}, 'w').close(), sys.exit(143))); "
+        "print('started', flush=True); time.sleep(120)"
+    )
+    sweep_process = (  # Starts it as the sweep starts train.py, then waits.
+        "import functools, os, subprocess, sys, time; from training import sweep; "
+        f"subprocess.Popen([sys.executable, '-c', {train!r}], start_new_session=True, "
+        "preexec_fn=functools.partial(sweep._stop_when_parent_dies, os.getpid())); time.sleep(120)"
+    )
+    process = subprocess.Popen(
+        [sys.executable, "-c", sweep_process], cwd=REPO_ROOT, env=entry_point_env(), stdout=subprocess.PIPE
+    )
+    assert process.stdout.readline() == b"started\n"  # The child's line, on the pipe it inherited.
+    process.kill()
+    process.wait(timeout=60)
+    deadline = time.monotonic() + 60
+    while not stopped.exists():
+        assert time.monotonic() < deadline, "the child went on after its sweep was killed"
+        time.sleep(0.05)

@@ -187,6 +187,7 @@ def evaluate_split(
     scores["bleu"], scores["signature"] = bleu(hypotheses, text.targets)
     scores["chrf"], scores["chrf_signature"] = chrf(hypotheses, text.targets)
     scores["decoding"] = setup.decoding
+    scores["max_decode_length"] = setup.max_decode_length
     scores = nulls_for_nonfinite(scores)
     if not processes.is_main_process():
         return scores, hypotheses

@@ -6,9 +6,11 @@ step, waits for every save to finish and raises `TrainingStopped`; train.py prin
 one line and exits with status 128 + the signal's number (143 for SIGTERM, 130 for
 SIGINT), what a shell reports for a process the signal killed, so job scripts and
 schedulers that look for those statuses keep recognizing a stop by signal. Running
-the same command again resumes from the saved step exactly. A second signal (say,
-Ctrl-C twice) ends the process at once with the signal's default action; a save cut
-short that way is discarded and the run resumes from the checkpoint before it.
+the same command again resumes from the saved step exactly. A SIGINT after the first
+signal (Ctrl-C twice) ends the process at once with SIGINT's default action; a save cut
+short that way is discarded and the run resumes from the checkpoint before it. More
+SIGTERMs are the same request: a scheduler may send one to every process of a job
+(SLURM's scancel), and sweep.py passes its own on to its train.py.
 
 Several processes (jax.distributed) must stop after the same step, the one whose
 checkpoint they save together, even when only one got the signal. JAX's preemption
@@ -76,9 +78,10 @@ class StopSignals:
 
     def _handle(self, signal_number: int, frame: types.FrameType | None) -> None:
         del frame
+        if self.received is not None:
+            return  # Another SIGTERM: the stop already requested.
         self.received = signal_number
-        for other in self._previous:  # A second signal ends the process at once.
-            signal.signal(other, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.SIG_DFL)  # A second Ctrl-C ends the process at once.
         if self._several:
             os.kill(os.getpid(), signal.SIGTERM)  # To JAX's handler, which tells the other processes.
 

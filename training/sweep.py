@@ -13,9 +13,12 @@ progress, which saves a checkpoint and stops (training/preemption.py); running t
 again continues it.
 """
 
+import ctypes
 import dataclasses
 import datetime
+import functools
 import importlib.machinery
+import inspect
 import json
 import os
 import re
@@ -84,12 +87,22 @@ def load_sweep(path: str) -> Sweep:
     path = os.path.abspath(path)
     if not os.path.isfile(path):
         raise UserInputError(f"No sweep file {path}; give --sweep=configs/sweeps/<name>.py.")
+    if ":" in path:  # train.py's --config=<file>:<variant> ends the file at the first ':'.
+        raise UserInputError(
+            f"The sweep file's path {path} holds a ':', which train.py cannot read; rename or move it."
+        )
     module = types.ModuleType("sweep_file")
     module.__file__ = path
     importlib.machinery.SourceFileLoader("sweep_file", path).exec_module(module)
     variants, get_config = getattr(module, "VARIANTS", None), getattr(module, "get_config", None)
-    if not variants or not callable(get_config):
+    if not variants or not callable(get_config) or not all(isinstance(variant, Variant) for variant in variants):
         raise UserInputError(f"{path} is not a sweep file: it needs VARIANTS (a sequence of Variant) and get_config.")
+    try:
+        inspect.signature(get_config).bind("base")
+    except TypeError:
+        raise UserInputError(
+            f"{path}: get_config must take the variant's name, as get_config(variant='base')."
+        ) from None
     names = [variant.name for variant in variants]
     if len(set(names)) != len(names):
         raise UserInputError(f"{path}: variant names repeat: {', '.join(names)}.")
@@ -266,8 +279,10 @@ def final_scores(config: ml_collections.ConfigDict, workdir: str) -> dict | None
         "step": config.num_train_steps,
         "checkpoint": f"step {config.num_train_steps}",
         "decoding": describe_decoding(config.eval),
+        "max_decode_length": config.eval.max_decode_length,
     }
-    return scores if all(scores.get(key) == value for key, value in expected.items()) else None
+    # Scores written before a field existed are taken as evaluated with the config's value.
+    return scores if all(scores.get(key, value) == value for key, value in expected.items()) else None
 
 
 def is_finished(config: ml_collections.ConfigDict, workdir: str) -> bool:
@@ -332,6 +347,7 @@ def run_all(sweep: Sweep, runs: Sequence[Run], *, echo: Callable[[str], None] = 
 
 
 _LOG_HEADER = "# sweep.py, "  # Opens each attempt's part of a run's log.
+_PR_SET_PDEATHSIG = 1  # prctl(2)
 
 
 def _log_path(run: Run) -> str:
@@ -347,13 +363,14 @@ def _train(sweep: Sweep, run: Run, signals: "_ForwardedSignals") -> int:
         log.write(f"{_LOG_HEADER}{started}: {shlex.join(args)}\n")
         log.flush()
         # Its own session: a Ctrl-C in the terminal reaches the sweep only, which passes it on
-        # once (a second signal would end train.py at once, without saving). Progress bars
+        # once (a second Ctrl-C would end train.py at once, without saving). Progress bars
         # every 30 s: the log is a file.
         child = subprocess.Popen(
             args,
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
+            preexec_fn=functools.partial(_stop_when_parent_dies, os.getpid()),
             env={**os.environ, "TQDM_MININTERVAL": "30"},
         )
         signals.child = child
@@ -364,6 +381,21 @@ def _train(sweep: Sweep, run: Run, signals: "_ForwardedSignals") -> int:
             return child.wait()
         finally:
             signals.child = None
+
+
+def _stop_when_parent_dies(parent: int) -> None:
+    """In train.py's process before it starts: SIGTERM it (a clean stop) if the sweep dies.
+
+    Else a sweep killed outright (SIGKILL, the out-of-memory killer) would leave train.py
+    training, its workdir locked against the same sweep command run again. Linux only.
+    """
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    except (OSError, AttributeError):  # Not Linux.
+        return
+    if os.getppid() != parent:  # The sweep died before prctl: no signal will come.
+        os.kill(os.getpid(), signal.SIGTERM)
 
 
 def _describe(status: int) -> str:

@@ -58,7 +58,8 @@ def config_for(base: ml_collections.ConfigDict, variants: Sequence[Variant], nam
     """`base` with the overrides of the variant called `name`.
 
     Raises:
-        UserInputError: no variant has that name, or the variant overrides a field the base config lacks.
+        UserInputError: no variant has that name, or the variant overrides a field the base config lacks
+            or sets it to a value of another type.
     """
     by_name = {variant.name: variant for variant in variants}
     if name not in by_name:
@@ -76,5 +77,8 @@ def config_for(base: ml_collections.ConfigDict, variants: Sequence[Variant], nam
                 f"Variant {name!r} sets {field}, a field this version's config does not have "
                 "(a variant for a feature not in this checkout?)."
             )
-        node[leaf] = value
+        try:
+            node[leaf] = value
+        except (TypeError, ValueError) as e:  # ml_collections keeps each field's type.
+            raise UserInputError(f"Variant {name!r} sets {field}={value!r}, of another type than the config's: {e}")
     return config
