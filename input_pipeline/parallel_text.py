@@ -12,7 +12,7 @@ pass): a missing or empty file, differing line counts or bytes that are not
 UTF-8 stop the run with a message naming the file, before anything is written.
 Every line pair becomes a record, so that an evaluation's output lines up with the
 files; a pair with an empty side is counted here, left out of training by the stream
-(`row_packing.py`) and translated as an empty line.
+(`streaming.py`) and translated as an empty line.
 """
 
 import dataclasses
