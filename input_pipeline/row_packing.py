@@ -8,9 +8,9 @@ quick-start's pipeline cost ~57 ms of CPU per 64-row batch (~200 µs a pair, mea
 16-20 ms, most of it reading and tokenizing. Grain's packers also place each pair as it comes,
 which leaves ~2.5% of the quick-start's target positions empty; choosing among pairs kept
 waiting fills all but ~0.5% of them. Placing the pairs of a 16-row quick-start batch and
-writing its rows takes 1.3 ms of CPU with best fit, 0.8 ms with first fit, of the 5-6 ms that
-the whole stream spends on the batch (2-core AMD EPYC with AVX2, 2026-11-24; with NumPy row
-searches: 2.2 and 2.5 ms).
+writing its rows takes 0.47 ms of CPU with best fit (0.82 ms before the pairs' lengths were kept
+and the rows written as lists), of the ~2.0 ms that the whole stream spends on the batch
+(2-core AMD EPYC with AVX-512, 2026-11-25; with NumPy row searches, on an AVX2 EPYC: 2.2 ms).
 
 How pairs are placed, with `lookahead` pairs in view per row of a batch:
 
@@ -49,11 +49,11 @@ from common.special_ids import PAD_ID
 
 # A pair: (source ids, target ids), each ending in <eos>.
 Pair = tuple[Sequence[int], Sequence[int]]
-# Where a pair goes: (row, its segment number in the row, where each side starts in the row).
-Placement = tuple[int, int, tuple[int, int]]
 _SIDES = ("inputs", "targets")
 # Batches a pair may be passed over before it goes first (with lookahead >= 1).
 OVERDUE_AFTER = 4
+# More room than any row has: where a pair does not fit (best fit's search).
+_NO_ROOM = float("inf")
 
 
 class RowBatchIterDataset(grain.IterDataset):
@@ -96,13 +96,20 @@ class _Chunk:
     pairs: list[Pair]
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(slots=True)
 class _Waiting:
     """A pair read but not placed yet: chunk.pairs[offset], passed over in `waited` batches."""
 
     chunk: _Chunk
     offset: int
     waited: int = 0
+    lengths: tuple[int, int] = dataclasses.field(init=False)  # Of its source and its target.
+    size: int = dataclasses.field(init=False)  # Both sides' lengths summed.
+
+    def __post_init__(self):
+        source, target = self.chunk.pairs[self.offset]
+        self.lengths = (len(source), len(target))
+        self.size = self.lengths[0] + self.lengths[1]
 
     @property
     def pair(self) -> Pair:
@@ -152,7 +159,7 @@ class _RowBatchIterator(grain.DatasetIterator):
             chunk = _Chunk(group["chunk"], next(self._parent))
             entries = (_Waiting(chunk, offset, waited) for offset, waited in group["pairs"])
             # Saved under a larger max_length, a pair may no longer fit: it is left out as if read now.
-            self._waiting.extend(entry for entry in entries if self._fits(entry.pair))
+            self._waiting.extend(entry for entry in entries if self._fits(entry))
         if chunk is not None and chunk.state == state["parent"]:
             self._chunk = chunk  # The next unread pair is in the last waiting pair's chunk: read once.
         else:
@@ -170,7 +177,7 @@ class _RowBatchIterator(grain.DatasetIterator):
                 self._chunk, self._offset = _Chunk(chunk_state, next(self._parent)), 0
             entry = _Waiting(self._chunk, self._offset)
             self._offset += 1
-            if self._fits(entry.pair):
+            if self._fits(entry):
                 self._misfits_in_a_row = 0
                 return entry
             self._misfits_in_a_row += 1
@@ -180,8 +187,8 @@ class _RowBatchIterator(grain.DatasetIterator):
                     f"config.dataset.max_length={self._max_length} (none or almost none fits); raise it."
                 )
 
-    def _fits(self, pair: Pair) -> bool:
-        return len(pair[0]) <= self._max_length and len(pair[1]) <= self._max_length
+    def _fits(self, entry: _Waiting) -> bool:
+        return max(entry.lengths) <= self._max_length
 
     def _fill_view(self) -> None:
         """Reads pairs until `_in_view` are waiting, or the parent ends."""
@@ -198,78 +205,101 @@ class _RowBatchIterator(grain.DatasetIterator):
             self._waiting,  # A stable sort: ties keep the order read.
             key=lambda entry: (
                 -entry.waited if entry.waited >= OVERDUE_AFTER else 0,  # Overdue: the longest waiting first.
-                -len(entry.pair[0]) - len(entry.pair[1]),
+                -entry.size,
             ),
         )
 
-    def _row_for(self, lengths: tuple[int, int], free: tuple[list[int], list[int]], rows_used: int) -> int | None:
-        """The row a pair of `lengths` (source, target) goes into, or None.
+    def _row_for(self, entry: _Waiting, free: tuple[list[int], list[int]], rows_used: int) -> int | None:
+        """The row `entry`'s pair goes into, or None.
 
         Args:
-            lengths: the pair's source and target lengths.
+            entry: the pair and its sides' lengths.
             free: positions still free per row, of the sources' and of the targets' rows.
             rows_used: rows holding a pair already (without packing).
         """
         if not self._packing:
             return rows_used if rows_used < self._rows else None
-        need_source, need_target = lengths
-        # Most pairs in view fit no row once a batch fills up: max() in C tells them apart first. Plain lists,
-        # not NumPy: on 16 rows, NumPy's per-call costs are several times the search (quick-start stream).
-        if need_source > max(free[0]) or need_target > max(free[1]):
-            return None
-        best_row, best_room = None, None
-        for row, (room_source, room_target) in enumerate(zip(*free)):
-            if room_source >= need_source and room_target >= need_target:
-                if not self._best_fit:
-                    return row
-                if best_room is None or room_source + room_target < best_room:
-                    best_row, best_room = row, room_source + room_target
-        return best_row
+        need_source, need_target = entry.lengths
+        # Plain lists, not NumPy: on 16 rows, NumPy's per-call costs are several times the search (quick-start
+        # stream).
+        if not self._best_fit:
+            return next(
+                (
+                    row
+                    for row, (source, target) in enumerate(zip(*free))
+                    if source >= need_source and target >= need_target
+                ),
+                None,
+            )
+        # The room each row would have left, None where the pair does not fit; the first of the least wins.
+        rooms = [
+            source + target if source >= need_source and target >= need_target else _NO_ROOM
+            for source, target in zip(*free)
+        ]
+        least = min(rooms)
+        return None if least == _NO_ROOM else rooms.index(least)
 
     def __next__(self) -> dict[str, np.ndarray]:
         rows, length = self._rows, self._max_length
         free = ([length] * rows, [length] * rows)  # Positions still free per row, of the sources and targets.
-        segments = [0] * rows
-        placed: list[tuple[Placement, Pair]] = []
-        while self._packing or len(placed) < rows:
+        row_pairs: list[list[Pair]] = [[] for _ in range(rows)]  # Each row's pairs, in the order placed.
+        placed = 0
+        while self._packing or placed < rows:
             self._fill_view()
             if not self._waiting and not placed:
                 raise StopIteration
             placed_now = set()
+            # The most room any row has left: most pairs in view fit no row once a batch fills up, and
+            # this tells them apart without a search.
+            most_source, most_target = max(free[0]), max(free[1])
             for entry in self._in_placing_order():
-                pair = entry.pair
-                lengths = (len(pair[0]), len(pair[1]))
-                row = self._row_for(lengths, free, len(placed))
+                if entry.lengths[0] > most_source or entry.lengths[1] > most_target:
+                    continue
+                row = self._row_for(entry, free, placed)
                 if row is None:
                     continue
-                segments[row] += 1
-                placed.append(((row, segments[row], (length - free[0][row], length - free[1][row])), pair))
-                free[0][row] -= lengths[0]
-                free[1][row] -= lengths[1]
+                row_pairs[row].append(entry.pair)
+                placed += 1
+                free[0][row] -= entry.lengths[0]
+                free[1][row] -= entry.lengths[1]
+                most_source, most_target = max(free[0]), max(free[1])
                 placed_now.add(id(entry))
             if not placed_now:
                 break  # None of the pairs in view fits: the batch is as full as it gets.
             self._waiting = [entry for entry in self._waiting if id(entry) not in placed_now]
         for entry in self._waiting:
             entry.waited += 1
-        return _write_rows(placed, rows, length, with_segments=self._packing)
+        return _write_rows(row_pairs, length, with_segments=self._packing)
 
 
-def _write_rows(
-    placed: list[tuple[Placement, Pair]], rows: int, length: int, *, with_segments: bool
-) -> dict[str, np.ndarray]:
-    """The batch arrays of pairs written where they were placed."""
-    batch = {side: np.full((rows, length), PAD_ID, np.int32) for side in _SIDES}
-    if with_segments:
-        for side in _SIDES:
-            batch[f"{side}_segment_ids"] = np.zeros((rows, length), np.int32)
-            batch[f"{side}_positions"] = np.zeros((rows, length), np.int32)
-    positions = np.arange(length, dtype=np.int32)
-    for (row, segment, starts), pair in placed:
-        for side, start, ids in zip(_SIDES, starts, pair):
-            end = start + len(ids)
-            batch[side][row, start:end] = ids
-            if with_segments:
-                batch[f"{side}_segment_ids"][row, start:end] = segment
-                batch[f"{side}_positions"][row, start:end] = positions[: len(ids)]
+def _write_rows(row_pairs: list[list[Pair]], length: int, *, with_segments: bool) -> dict[str, np.ndarray]:
+    """The batch arrays of each row's pairs, laid one after the other from the row's start.
+
+    The ids are joined as Python lists, the segment ids and positions made from the sequences'
+    lengths by NumPy: 0.12 ms a quick-start batch, against ~0.2 ms writing each pair's slices.
+    """
+    rows = len(row_pairs)
+    batch = {}
+    for side_index, side in enumerate(_SIDES):
+        ids, runs, run_segments = [], [], []  # Runs: each sequence, then each row's padding (segment 0).
+        for pairs in row_pairs:
+            used = 0
+            for segment, pair in enumerate(pairs, start=1):
+                sequence = pair[side_index]
+                ids.extend(sequence)
+                runs.append(len(sequence))
+                run_segments.append(segment)
+                used += len(sequence)
+            ids += [PAD_ID] * (length - used)
+            runs.append(length - used)
+            run_segments.append(0)
+        batch[side] = np.array(ids, np.int32).reshape(rows, length)
+        if with_segments:
+            runs = np.array(runs)
+            segment_ids = np.repeat(np.array(run_segments, np.int32), runs)
+            run_starts = np.repeat((np.cumsum(runs) - runs).astype(np.int32), runs)
+            positions = np.arange(rows * length, dtype=np.int32) - run_starts
+            positions[segment_ids == 0] = 0
+            batch[f"{side}_segment_ids"] = segment_ids.reshape(rows, length)
+            batch[f"{side}_positions"] = positions.reshape(rows, length)
     return batch

@@ -14,7 +14,7 @@ import pytest
 from common.errors import UserInputError
 from common.special_ids import EOS_ID
 from input_pipeline import streaming
-from input_pipeline.tokenizer import train_tokenizer
+from input_pipeline.tokenizer import load_tokenizer, train_tokenizer
 
 MAX_LENGTH = 24
 ROWS = 4
@@ -58,17 +58,20 @@ def _pairs(batches: list[dict]) -> list[tuple[tuple[int, ...], tuple[int, ...]]]
     return pairs
 
 
+def _ids(tokenizer, record: dict) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """A record's (source ids, target ids) as the stream trains on them: its SentencePiece ids, then <eos>."""
+    return tuple(tokenizer.encode(record["en"].decode()) + [EOS_ID]), tuple(
+        tokenizer.encode(record["de"].decode()) + [EOS_ID]
+    )
+
+
 def _expected_pairs(corpus, seed: int, share_index: int = 0, share_count: int = 1) -> list:
     """The tokenized, length-filtered pairs of a process's record stream, in order (first six epochs)."""
     records, path = corpus
-    tokenize = streaming.TokenizePair(path, "en", "de")
+    tokenizer = load_tokenizer(path)
     share = streaming.process_record_indices(len(records), seed, share_index, share_count)
-    pairs = [tokenize.map(records[share[i]]) for i in range(6 * (len(records) // share_count))]
-    return [
-        (tuple(p["inputs"].tolist()), tuple(p["targets"].tolist()))
-        for p in pairs
-        if len(p["inputs"]) <= MAX_LENGTH and len(p["targets"]) <= MAX_LENGTH
-    ]
+    pairs = [_ids(tokenizer, records[share[i]]) for i in range(6 * (len(records) // share_count))]
+    return [pair for pair in pairs if max(map(len, pair)) <= MAX_LENGTH]
 
 
 def _placed_and_waiting(corpus, position: dict, seed: int = 3) -> tuple[collections.Counter, list]:
@@ -77,12 +80,11 @@ def _placed_and_waiting(corpus, position: dict, seed: int = 3) -> tuple[collecti
     Placed: every pair read before the next unread one that fits MAX_LENGTH, but those waiting.
     """
     records, path = corpus
-    tokenize = streaming.TokenizePair(path, "en", "de")
+    tokenizer = load_tokenizer(path)
     share = streaming.process_record_indices(len(records), seed, 0, 1)
 
     def pair(chunk: dict, offset: int) -> tuple:
-        ids = tokenize.map(records[share[chunk["next_index"] * streaming.CHUNK_RECORDS + offset]])
-        return tuple(ids["inputs"].tolist()), tuple(ids["targets"].tolist())
+        return _ids(tokenizer, records[share[chunk["next_index"] * streaming.CHUNK_RECORDS + offset]])
 
     grain_position = position["grain"]
     unread = grain_position["parent"]["next_index"] * streaming.CHUNK_RECORDS + grain_position["offset"]
@@ -115,6 +117,16 @@ def test_the_record_order_is_the_one_saved_positions_index():
     for process, expected in enumerate(SHARES_OF_51_RECORDS):
         share = streaming.process_record_indices(51, seed=3, share_index=process, share_count=3)
         assert [share[i] for i in range(20)] == expected
+
+
+@pytest.mark.parametrize("num_records, share_count", [(51, 3), (50, 3), (7, 7), (1000, 1)])
+def test_the_record_order_is_grains_shuffle_of_the_records_in_shares(num_records, share_count):
+    """Computed directly, as grain's chain would compute it (a position saved by either fits the other)."""
+    for share_index in range(share_count):
+        share = streaming.ShareOrder(num_records, 2**32 - 2, share_index, share_count)  # Epoch 2's seed wraps to 0.
+        grains = grain.MapDataset.range(num_records).shuffle(seed=2**32 - 2)[share_index::share_count].repeat()
+        span = range(3 * len(range(share_index, num_records, share_count)) + 5)  # Three epochs and a bit.
+        assert [share[i] for i in span] == [grains[i] for i in span]
 
 
 def test_processes_read_disjoint_records_whose_union_is_everything(corpus):
@@ -341,12 +353,10 @@ def test_a_stream_where_no_pair_fits_is_one_error(corpus):
 def test_pairs_with_an_empty_side_are_left_out(corpus):
     records, path = corpus
     empty = [{"en": b"", "de": b"THE HOUSE"}, {"en": b"the house", "de": b""}, {"en": b"", "de": b""}]
-    tokenize = streaming.TokenizePair(path, "en", "de")
-    fitting = set()
-    for record in records[:20]:
-        pair = tokenize.map(record)
-        if max(len(pair["inputs"]), len(pair["targets"])) <= MAX_LENGTH:
-            fitting.add((tuple(pair["inputs"].tolist()), tuple(pair["targets"].tolist())))
+    tokenizer = load_tokenizer(path)
+    fitting = {
+        pair for pair in (_ids(tokenizer, record) for record in records[:20]) if max(map(len, pair)) <= MAX_LENGTH
+    }
     stream = _stream((records[:20] + empty, path), rows=2)
     pairs = _pairs(_take(stream, 3 * len(fitting)))  # Over several epochs of the 23 records.
     stream.close()
