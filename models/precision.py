@@ -83,7 +83,11 @@ def _row_major_matmul(subscripts: str, lhs: Array, rhs: Array) -> Array:
     its float32 kernels run faster in it too (config R's float32 step: ~15%). Of
     the two operand orders, the one that moves fewer elements is taken: the gradient
     of the output projection, for one, transposes its small [d_model, vocab] result
-    rather than its large [tokens, vocab] cotangent.
+    rather than its large [tokens, vocab] cotangent. Several batch dimensions (attention's
+    rows and heads) are merged into one: with two, XLA:CPU converted all of attention's
+    bf16 products back to float32 when it compiled the train step, and attention's core,
+    forward and backward, took 2.9 ms on [16 rows, 64 positions, 4 heads] against 2.2 ms
+    in bf16 (2-core AMD EPYC with AVX-512 and AVX512-BF16, 2026-11-25).
     """
     operand_subscripts, out = subscripts.split('->')
     lhs_subscripts, rhs_subscripts = operand_subscripts.split(',')
@@ -94,7 +98,11 @@ def _row_major_matmul(subscripts: str, lhs: Array, rhs: Array) -> Array:
     batch, contracting, lhs_free, rhs_free, out = _row_major_layout(subscripts)
     lhs = _transposed_operand(lhs, [lhs_subscripts.index(c) for c in batch + lhs_free + contracting])
     rhs = _transposed_operand(rhs, [rhs_subscripts.index(c) for c in batch + contracting + rhs_free])
-    num_batch, num_contracting = len(batch), len(contracting)
+    batch_shape = lhs.shape[: len(batch)]
+    if len(batch) > 1:
+        lhs = lhs.reshape(math.prod(batch_shape), *lhs.shape[len(batch) :])
+        rhs = rhs.reshape(math.prod(batch_shape), *rhs.shape[len(batch) :])
+    num_batch, num_contracting = min(len(batch), 1), len(contracting)
     product = lax.dot_general(
         lhs,
         rhs,
@@ -107,6 +115,7 @@ def _row_major_matmul(subscripts: str, lhs: Array, rhs: Array) -> Array:
         ),
         preferred_element_type=jnp.float32,
     )
+    product = product.reshape(*batch_shape, *product.shape[num_batch:])
     product_subscripts = batch + lhs_free + rhs_free
     return _transposed_product(product, [product_subscripts.index(c) for c in out])
 
