@@ -231,7 +231,7 @@ class _RowBatchIterator(grain.DatasetIterator):
                 ),
                 None,
             )
-        # The room each row would have left, None where the pair does not fit; the first of the least wins.
+        # The room each row would have left, _NO_ROOM where the pair does not fit; the first of the least wins.
         rooms = [
             source + target if source >= need_source and target >= need_target else _NO_ROOM
             for source, target in zip(*free)

@@ -95,9 +95,9 @@ class ReadAndTokenizeChunk(grain.transforms.Map):
 
     def _encode(self, sentences: list[str]) -> list[list[int]]:
         # All of a side's sentences in one call, in this thread (num_threads=1; by default encode() of a
-        # list starts threads, 15x slower for a pair), as lists: 0.46 against 0.79 ms of CPU for a
-        # quick-start batch's 66 pairs encoded one sentence a call into NumPy arrays (2-core AMD EPYC
-        # with AVX-512, 2026-11-25).
+        # list starts threads, 15x slower for a pair), as lists: 0.61 against 0.86 ms of CPU for a
+        # quick-start batch's 66 pairs encoded one sentence a call into NumPy arrays (15 interleaved
+        # repeats, 2-core AMD EPYC with AVX-512, 2026-11-25).
         ids = self._tokenizer.encode(sentences, num_threads=1)
         for sentence in ids:
             sentence.append(EOS_ID)
