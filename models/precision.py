@@ -102,7 +102,7 @@ def _row_major_matmul(subscripts: str, lhs: Array, rhs: Array) -> Array:
     if len(batch) > 1:
         lhs = lhs.reshape(math.prod(batch_shape), *lhs.shape[len(batch) :])
         rhs = rhs.reshape(math.prod(batch_shape), *rhs.shape[len(batch) :])
-    num_batch, num_contracting = min(len(batch), 1), len(contracting)
+    num_batch, num_contracting = (1 if batch else 0), len(contracting)  # Batch dimensions now merged.
     product = lax.dot_general(
         lhs,
         rhs,
