@@ -32,7 +32,8 @@ the median over rounds of each round's ratio (within a round the two variants ru
 other, so a round's ratio is free of the machine's slower drifts) and their range; then the
 ratio of the variants' medians split into its factors: the real shares' ratio (padding), the
 buckets' cost per position over the replayed rows' (the step), and the replayed rows' over the
-live stream's (the stream).
+live stream's (the stream); and the last two again within rounds, as the medians of each round's
+factor (the variants' medians come from different rounds, minutes apart on a machine that drifts).
 """
 
 import collections
@@ -193,15 +194,17 @@ def _figures(runner: dict, rounds: list, kernel_seconds: float) -> dict:
     round_tokens_per_second = [
         sum(t for _, t, _, _ in round_results) / sum(s for s, _, _, _ in round_results) for round_results in rounds
     ]
+    round_seconds_per_position = [
+        sum(s for s, _, _, _ in round_results) / sum(p for _, _, p, _ in round_results) for round_results in rounds
+    ]
     return {
         "shapes": len(runner["shapes"]),
         "compile_seconds": runner["first_calls"] - len(runner["shapes"]) * median_seconds,
         "round_tokens_per_second": round_tokens_per_second,
         "tokens_per_second": statistics.median(round_tokens_per_second),
         "real_share": sum(t for _, t, _, _ in results) / sum(p for _, _, p, _ in results),
-        "seconds_per_position": statistics.median(
-            sum(s for s, _, _, _ in round_results) / sum(p for _, _, p, _ in round_results) for round_results in rounds
-        ),
+        "round_seconds_per_position": round_seconds_per_position,
+        "seconds_per_position": statistics.median(round_seconds_per_position),
         "kernel_per_step": kernel_seconds / len(results),
     }
 
@@ -263,6 +266,19 @@ def _print_ratio_factors(figures: dict, dtype: str) -> None:
         print(
             f"{'':>{len(dtype)}}  cost per position {cost:.3f}x = the step's {step:.3f}x * the stream's {stream:.3f}x"
         )
+        # The medians above come from different rounds; within a round the variants ran a minute apart.
+        steps = _paired(bucketed, replayed)
+        streams = _paired(replayed, packed)
+        print(
+            f"{'':>{len(dtype)}}  within rounds (medians of the rounds' factors): the step's "
+            f"{statistics.median(steps):.3f}x ({min(steps):.3f}-{max(steps):.3f}), the stream's "
+            f"{statistics.median(streams):.3f}x ({min(streams):.3f}-{max(streams):.3f})"
+        )
+
+
+def _paired(dearer: dict, cheaper: dict) -> list[float]:
+    """Each round's cost per position of `dearer` over that of `cheaper`."""
+    return [d / c for d, c in zip(dearer["round_seconds_per_position"], cheaper["round_seconds_per_position"])]
 
 
 if __name__ == "__main__":
