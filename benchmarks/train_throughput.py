@@ -267,8 +267,8 @@ def _print_ratio_factors(figures: dict, dtype: str) -> None:
             f"{'':>{len(dtype)}}  cost per position {cost:.3f}x = the step's {step:.3f}x * the stream's {stream:.3f}x"
         )
         # The medians above come from different rounds; within a round the variants ran a minute apart.
-        steps = _paired(bucketed, replayed)
-        streams = _paired(replayed, packed)
+        steps = _round_cost_ratios(bucketed, replayed)
+        streams = _round_cost_ratios(replayed, packed)
         print(
             f"{'':>{len(dtype)}}  within rounds (medians of the rounds' factors): the step's "
             f"{statistics.median(steps):.3f}x ({min(steps):.3f}-{max(steps):.3f}), the stream's "
@@ -276,9 +276,9 @@ def _print_ratio_factors(figures: dict, dtype: str) -> None:
         )
 
 
-def _paired(dearer: dict, cheaper: dict) -> list[float]:
-    """Each round's cost per position of `dearer` over that of `cheaper`."""
-    return [d / c for d, c in zip(dearer["round_seconds_per_position"], cheaper["round_seconds_per_position"])]
+def _round_cost_ratios(first: dict, second: dict) -> list[float]:
+    """Each round's cost per position of the `first` variant over that of the `second`."""
+    return [a / b for a, b in zip(first["round_seconds_per_position"], second["round_seconds_per_position"])]
 
 
 if __name__ == "__main__":
