@@ -25,6 +25,14 @@ def main_process_answer(answer: bool) -> bool:
     return bool(multihost_utils.broadcast_one_to_all(np.bool_(answer)))
 
 
+def every_process_answer(answer: bool) -> bool:
+    """Whether `answer` is True in every process, in every process: for a choice all of them must make alike from
+    what each reads alone. Every process must call it."""
+    if jax.process_count() == 1:
+        return answer
+    return bool(np.all(multihost_utils.process_allgather(np.bool_(answer))))
+
+
 def barrier(name: str) -> None:
     """Waits until every process has reached the barrier `name` (a no-op for one process)."""
     if jax.process_count() > 1:

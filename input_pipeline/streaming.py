@@ -35,7 +35,7 @@ that came next. Resuming where it does not fit, see `TrainStream`.
 import hashlib
 import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import grain
@@ -43,6 +43,7 @@ import numpy as np
 import sentencepiece as spm
 from absl import logging
 
+from common import processes
 from common.errors import UserInputError
 from common.special_ids import EOS_ID
 from input_pipeline.row_packing import Pair, RowBatchIterDataset
@@ -61,8 +62,7 @@ CHUNK_RECORDS = 256
 SHUFFLE_VERSION = 2
 # Records whose content the position's fingerprint samples (evenly spaced, first and last included).
 _SAMPLED_RECORDS = 8
-# Fingerprint fields that positions saved by earlier versions lack. Such a position's "process_count"
-# counted shares: where every process reads its own, that is the number of processes.
+# Fingerprint fields that positions saved by earlier versions lack (`_as_saved_now`).
 _FIELDS_ADDED_LATER = ("process_index", "share_index", "share_count", "records_digest")
 
 
@@ -233,6 +233,19 @@ def records_digest(records: Sequence[dict]) -> str:
     return digest.hexdigest()[:16]
 
 
+def _as_saved_now(saved: dict, fits: dict) -> dict:
+    """A saved fingerprint with the fields it lacks as they were then, to compare with this run's `fits`.
+
+    Positions saved before those fields existed were each a process's own, in its own share: their
+    "process_count" counted shares, and their share was their process's. A missing digest or process index
+    fits on the other fields alone, as it did then.
+    """
+    now = {key: saved.get(key, fits[key] if key in _FIELDS_ADDED_LATER else None) for key in fits}
+    if "share_count" not in saved:
+        now["share_count"], now["share_index"] = saved.get("process_count"), now["process_index"]
+    return now
+
+
 def fold_seed(seed: int, step: int) -> int:
     """A seed for a stream restarted at `step` without its position: fresh, and the same in every process."""
     return _mixed_seed(seed, step)
@@ -254,13 +267,14 @@ class TrainStream:
     - with this process's saved position (same processes, shares and workers): exactly the batch that came
       next; on another number of devices (other `rows`) or with another packing lookahead, the batches from
       the same pairs on, of the new size (no record skipped or repeated, but grouped into other batches);
-    - without a usable position (`state` None at a step > 0, or one saved by another process or process
-      count, for another share, another `num_workers`, other records, another chunk size or another shuffle:
-      a checkpoint saved by another number of processes hands on the first process's, by an earlier version
-      a bucketed one, one of grain's packer or one of the shuffle before its seed was hashed): a warning,
-      and a fresh stream shuffled with the seed folded with the step (`fold_seed`). A process count that
-      changed makes every process start afresh, so their shares stay disjoint. Records seen since the last
-      epoch boundary may come again sooner than a full epoch later.
+    - without a usable position in every process (`state` None at a step > 0, as where a process's position
+      file is lost, or one saved by another process or process count, for another share, another
+      `num_workers`, other records, another chunk size or another shuffle: a checkpoint saved by another
+      number of processes hands on the first process's, by an earlier version a bucketed one, one of grain's
+      packer or one of the shuffle before its seed was hashed): a warning, and in every process a fresh
+      stream shuffled with the seed folded with the step (`fold_seed`), so that the shares stay disjoint
+      and processes holding the same rows agree. Records seen since the last epoch boundary may come again
+      sooner than a full epoch later.
     """
 
     def __init__(
@@ -272,6 +286,7 @@ class TrainStream:
         step: int = 0,
         process_index: int = 0,
         process_count: int = 1,
+        every_process_fits: Callable[[bool], bool] = processes.every_process_answer,
         **options,
     ):
         """`options`: the keyword arguments of `train_dataset` other than records and seed.
@@ -280,6 +295,8 @@ class TrainStream:
             process_index, process_count: this process among the run's (`jax.process_index()`, `count()`),
                 which a position names: a process never resumes another's, nor one saved by another
                 number of processes (the shares of `options` may then hold other processes' rows).
+            every_process_fits: whether every process's position fits, given this one's (every process calls
+                it once, with the same `step`).
 
         Raises:
             UserInputError: `records` is empty or holds fewer records than there are shares.
@@ -305,24 +322,21 @@ class TrainStream:
             "records_digest": records_digest(records),
         }
         saved = None if state is None else state.get("stream", {})
-        resume = (
-            step > 0
-            and saved is not None
-            # A position saved before a field existed fits on the others alone, as it did then.
-            and all(
-                saved.get(key, value if key in _FIELDS_ADDED_LATER else None) == value for key, value in fits.items()
-            )
-        )
+        fits_here = step > 0 and saved is not None and _as_saved_now(saved, fits) == fits
+        # One process starting afresh while the others resume would read records of their shares (or, holding
+        # the same rows as another, other rows than it): all resume, or none.
+        resume = every_process_fits(fits_here)
         if resume:
             seed = saved["seed"]  # A stream restarted earlier runs on with its folded seed.
         elif step > 0:
             seed = fold_seed(seed, step)
             logging.warning(
-                "No data position fits this run at step %d (saved: %s; this run: %s): training goes on with "
-                "a fresh stream of the records, shuffled with the seed folded with the step (%d).",
+                "No data position fits this run at step %d (%s): training goes on with a fresh stream of the "
+                "records in every process, shuffled with the seed folded with the step (%d).",
                 step,
-                json.dumps(saved),
-                json.dumps(fits),
+                "this process's fits, another process's is missing or does not fit"
+                if fits_here
+                else f"saved: {json.dumps(saved)}; this run: {json.dumps(fits)}",
                 seed,
             )
         self._fingerprint = {**fits, "seed": seed}

@@ -6,7 +6,8 @@ position is in the checkpoint), evaluate as one process does, and write a
 checkpoint whose state one process restores (without a data position of its own:
 input_pipeline/streaming.py says what it does then). If one process dies, the other must stop
 with an error instead of waiting for it forever. Processes that hold the same rows of a
-batch (tensor parallelism across them) must read the same records.
+batch (tensor parallelism across them) must read the same records. If one process's data
+position is lost, every process starts afresh, so that the shares stay disjoint.
 """
 
 import glob
@@ -25,6 +26,8 @@ import pytest
 import tensorflow as tf
 from conftest import FAST_COMPILE_XLA_FLAGS, REPO_ROOT, tiny_config
 from test_train_loop import _restore
+
+from input_pipeline import streaming
 
 pytestmark = pytest.mark.slow
 
@@ -171,6 +174,30 @@ def test_tensor_parallel_across_processes_reads_one_share_and_averages_checkpoin
     assert returncodes == [0, 0], _read(str(tmp_path / "average.0.log"))[-3000:]
     scores = json.loads(_read(os.path.join(workdir, "eval", "valid", "scores.json")))
     assert scores["checkpoint"] == "average of steps 1, 2"
+
+
+def test_a_data_position_lost_in_one_process_starts_every_process_afresh(small_corpus, tmp_path):
+    """Process 1's position file of step 2 is lost: process 1 alone starting afresh would read records of
+    process 0's share; both must start afresh, with the same folded seed, each in its own share."""
+    workdir = str(tmp_path / "run")
+    args = _train_args(small_corpus, workdir, 2)
+    args.remove("--config.eval.num_bleu_sentences=8")
+    args += ["--config.eval.num_bleu_sentences=0", "--config.eval.max_decode_length=4"]  # The point is the data.
+    deadline = time.monotonic() + _TIMEOUT
+    returncodes = _wait_all(_start_processes(args, 2, 1, str(tmp_path / "first")), deadline)
+    assert returncodes == [0, 0], _read(str(tmp_path / "first.0.log"))[-3000:]
+    os.remove(os.path.join(workdir, "checkpoints", "2", "data", "process_1-of-2.json"))
+
+    args[args.index("--config.num_train_steps=2")] = "--config.num_train_steps=3"
+    returncodes = _wait_all(_start_processes(args, 2, 1, str(tmp_path / "resumed")), deadline)
+    first_log = _read(str(tmp_path / "resumed.0.log"))
+    assert returncodes == [0, 0], first_log[-3000:]
+    assert "this process's fits, another process's is missing or does not fit" in first_log
+    data = os.path.join(workdir, "checkpoints", "3", "data")
+    positions = [json.loads(_read(os.path.join(data, f"process_{i}-of-2.json")))["stream"] for i in range(2)]
+    folded = streaming.fold_seed(tiny_config(small_corpus).seed, 2)
+    assert [p["seed"] for p in positions] == [folded, folded]
+    assert [p["share_index"] for p in positions] == [0, 1]
 
 
 def test_when_one_process_is_killed_the_other_stops_with_an_error(small_corpus, tmp_path):

@@ -453,6 +453,39 @@ def test_a_position_resumes_only_in_the_process_and_share_that_saved_it(corpus, 
         _resumed_afresh(corpus, caplog, saved, **process).close()
 
 
+def test_a_position_that_fits_starts_afresh_where_another_process_has_none(corpus, caplog):
+    """One process starting afresh while the others resume would read their shares' records (or, holding the
+    same rows as another, other rows): where any process lacks a usable position, every process starts afresh."""
+    first_of_two = dict(process_index=0, process_count=2, share_index=0, share_count=2)
+    interrupted = _stream(corpus, **first_of_two)
+    _take(interrupted, 5)
+    saved = json.loads(json.dumps(interrupted.get_state()))
+    interrupted.close()
+    asked = []
+
+    def another_has_none(fits_here: bool) -> bool:
+        asked.append(fits_here)
+        return False
+
+    resumed = _resumed_afresh(corpus, caplog, saved, every_process_fits=another_has_none, **first_of_two)
+    resumed.close()
+    assert asked[0] is True  # The resumed stream's: this process's position fits, the others' answers decided.
+
+
+def test_a_position_saved_before_shares_existed_resumes_only_where_each_process_read_its_own(corpus, caplog):
+    """Such a position's "process_count" counted shares, each process its own: resumed where two processes hold
+    the same rows (one share), it would start each of them somewhere else in another order."""
+    first_of_two = dict(process_index=0, process_count=2, share_index=0, share_count=2)
+    interrupted = _stream(corpus, **first_of_two)
+    _take(interrupted, 5)
+    saved = json.loads(json.dumps(interrupted.get_state()))
+    interrupted.close()
+    for field in ("process_index", "share_index", "share_count"):
+        del saved["stream"][field]
+    replicated = dict(process_index=0, process_count=2, share_index=0, share_count=1)
+    _resumed_afresh(corpus, caplog, saved, **replicated).close()
+
+
 def test_a_position_saved_before_the_shuffle_seed_was_hashed_starts_afresh(corpus, caplog):
     """Such a position indexes another order: resumed as it is, it would skip and repeat records."""
     interrupted = _stream(corpus)
