@@ -330,13 +330,16 @@ class TrainStream:
             seed = saved["seed"]  # A stream restarted earlier runs on with its folded seed.
         elif step > 0:
             seed = fold_seed(seed, step)
-            logging.warning(
-                "No data position fits this run at step %d (%s): training goes on with a fresh stream of the "
-                "records in every process, shuffled with the seed folded with the step (%d).",
-                step,
-                "this process's fits, another process's is missing or does not fit"
+            why = (
+                "This process's data position fits, but another process's is missing or does not fit"
                 if fits_here
-                else f"saved: {json.dumps(saved)}; this run: {json.dumps(fits)}",
+                else f"No data position fits this run (saved: {json.dumps(saved)}; this run: {json.dumps(fits)})"
+            )
+            logging.warning(
+                "%s at step %d: every process goes on with a fresh stream of the records, shuffled with the seed "
+                "folded with the step (%d).",
+                why,
+                step,
                 seed,
             )
         self._fingerprint = {**fits, "seed": seed}

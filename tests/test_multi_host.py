@@ -192,7 +192,7 @@ def test_a_data_position_lost_in_one_process_starts_every_process_afresh(small_c
     returncodes = _wait_all(_start_processes(args, 2, 1, str(tmp_path / "resumed")), deadline)
     first_log = _read(str(tmp_path / "resumed.0.log"))
     assert returncodes == [0, 0], first_log[-3000:]
-    assert "this process's fits, another process's is missing or does not fit" in first_log
+    assert "This process's data position fits, but another process's is missing or does not fit" in first_log
     data = os.path.join(workdir, "checkpoints", "3", "data")
     positions = [json.loads(_read(os.path.join(data, f"process_{i}-of-2.json")))["stream"] for i in range(2)]
     folded = streaming.fold_seed(tiny_config(small_corpus).seed, 2)

@@ -407,7 +407,7 @@ def _resumed_afresh(corpus, caplog, state: dict | None, **options) -> streaming.
     """A stream resumed from `state` at step 5, checked to warn and start afresh with the seed folded with the step."""
     with caplog.at_level(logging.WARNING):
         resumed = _stream(corpus, state=state, step=5, **options)
-    assert any("No data position fits this run at step 5" in r.getMessage() for r in caplog.records)
+    assert any("at step 5: every process goes on with a fresh stream" in r.getMessage() for r in caplog.records)
     caplog.clear()
     fresh = _stream(corpus, seed=streaming.fold_seed(3, 5), **options)
     assert _pairs(_take(resumed, 3)) == _pairs(_take(fresh, 3))
@@ -461,15 +461,24 @@ def test_a_position_that_fits_starts_afresh_where_another_process_has_none(corpu
     _take(interrupted, 5)
     saved = json.loads(json.dumps(interrupted.get_state()))
     interrupted.close()
-    asked = []
+    another_share = dict(first_of_two, process_index=1, share_index=1)
+    # What each process tells the others (once, so that the collective matches): whether its own position fits.
+    for options, fits_here in ((first_of_two, True), (another_share, False)):
+        told = []
 
-    def another_has_none(fits_here: bool) -> bool:
-        asked.append(fits_here)
-        return False
+        def another_has_none(fits: bool) -> bool:
+            told.append(fits)
+            return False
 
-    resumed = _resumed_afresh(corpus, caplog, saved, every_process_fits=another_has_none, **first_of_two)
-    resumed.close()
-    assert asked[0] is True  # The resumed stream's: this process's position fits, the others' answers decided.
+        with caplog.at_level(logging.WARNING):
+            resumed = _stream(corpus, state=saved, step=5, every_process_fits=another_has_none, **options)
+        assert told == [fits_here]
+        assert any("at step 5: every process goes on with a fresh stream" in r.getMessage() for r in caplog.records)
+        caplog.clear()
+        fresh = _stream(corpus, seed=streaming.fold_seed(3, 5), **options)
+        assert _pairs(_take(resumed, 3)) == _pairs(_take(fresh, 3))
+        for stream in (resumed, fresh):
+            stream.close()
 
 
 def test_a_position_saved_before_shares_existed_resumes_only_where_each_process_read_its_own(corpus, caplog):

@@ -14,10 +14,9 @@ import sys
 from typing import Any
 
 import jax
-import numpy as np
 import orbax.checkpoint as ocp
-from jax.experimental import multihost_utils
 
+from common import processes
 from common.errors import UserInputError
 from training.checkpoint_integrity import Summary, leaf_names
 
@@ -74,10 +73,9 @@ def restore_verified(
         restored = manager.restore(step, args=ocp.args.Composite(state=state, **other_items))
     except Exception as e:  # pylint: disable=broad-except  (TensorStore raises bare Exceptions)
         error = f"reading it failed ({one_line(e)})"
-    if jax.process_count() > 1:  # Each process reads its own shards: all must agree before the global checks.
-        failed = multihost_utils.process_allgather(np.array(error is not None))
-        if error is None and failed.any():
-            error = "reading it failed on another process"
+    # Each process reads its own shards: all must agree before the global checks.
+    if not processes.every_process_answer(error is None) and error is None:
+        error = "reading it failed on another process"
     if error is not None:
         raise damaged(error)
 
