@@ -60,8 +60,9 @@ class RowBatchIterDataset(grain.IterDataset):
     """Batches of `rows` rows of `max_length` from a stream of lists of pairs (the module docstring).
 
     Pairs with a side longer than `max_length` are left out; once `give_up_after` pairs in a
-    row were left out (the caller makes it a run long enough that none or almost none fits),
-    UserInputError, where the stream would otherwise search forever.
+    row were left out (the caller makes it a run long enough that none or almost none fits), or
+    `give_up_after_empty_chunks` chunks in a row held no pair (the caller's chunks leave out pairs
+    with an empty side), UserInputError, where the stream would otherwise search forever.
     """
 
     def __init__(
@@ -73,12 +74,18 @@ class RowBatchIterDataset(grain.IterDataset):
         packing: bool = True,
         lookahead: int = 0,
         give_up_after: int | None = None,
+        give_up_after_empty_chunks: int | None = None,
     ):
         super().__init__(parent)
         if rows < 1 or max_length < 1 or lookahead < 0:
             raise ValueError(f"rows ({rows}) and max_length ({max_length}) must be >= 1, lookahead ({lookahead}) >= 0.")
         self._options = dict(
-            max_length=max_length, rows=rows, packing=packing, lookahead=lookahead, give_up_after=give_up_after
+            max_length=max_length,
+            rows=rows,
+            packing=packing,
+            lookahead=lookahead,
+            give_up_after=give_up_after,
+            give_up_after_empty_chunks=give_up_after_empty_chunks,
         )
 
     def __iter__(self) -> grain.DatasetIterator:
@@ -126,6 +133,7 @@ class _RowBatchIterator(grain.DatasetIterator):
         packing: bool,
         lookahead: int,
         give_up_after: int | None,
+        give_up_after_empty_chunks: int | None,
     ):
         super().__init__(parent)
         self._max_length = max_length
@@ -134,6 +142,8 @@ class _RowBatchIterator(grain.DatasetIterator):
         self._best_fit = packing and lookahead > 0
         self._in_view = rows * lookahead if self._best_fit else 1
         self._give_up_after = give_up_after
+        self._give_up_after_empty_chunks = give_up_after_empty_chunks
+        self._empty_chunks_in_a_row = 0
         self._misfits_in_a_row = 0
         self._chunk = _Chunk(parent.get_state(), [])  # The chunk of the next unread pair.
         self._offset = 0  # The next unread pair: _chunk.pairs[_offset].
@@ -167,7 +177,7 @@ class _RowBatchIterator(grain.DatasetIterator):
             # A finite parent may be used up there (a position saved after its last chunk): then so is this.
             self._chunk = _Chunk(state["parent"], next(self._parent, []))
         self._offset = state["offset"]
-        self._misfits_in_a_row = 0
+        self._misfits_in_a_row = self._empty_chunks_in_a_row = 0
 
     def _read_pair(self) -> _Waiting:
         """The next unread pair that fits max_length (StopIteration where a finite parent ends)."""
@@ -175,6 +185,13 @@ class _RowBatchIterator(grain.DatasetIterator):
             while self._offset >= len(self._chunk.pairs):
                 chunk_state = self._parent.get_state()  # Kept only once the chunk is read.
                 self._chunk, self._offset = _Chunk(chunk_state, next(self._parent)), 0
+                self._empty_chunks_in_a_row = 0 if self._chunk.pairs else self._empty_chunks_in_a_row + 1
+                if self._empty_chunks_in_a_row == self._give_up_after_empty_chunks:
+                    raise UserInputError(
+                        f"The last {self._empty_chunks_in_a_row} chunks of training records read held no pair with "
+                        "text on both sides: check that config.dataset.source_lang and target_lang name the "
+                        "dataset's two languages and that its sentences are not empty."
+                    )
             entry = _Waiting(self._chunk, self._offset)
             self._offset += 1
             if self._fits(entry):

@@ -211,6 +211,8 @@ def train_dataset(
         packing=packing,
         lookahead=packing_lookahead,
         give_up_after=give_up_after,
+        # The same run of records, where every pair read has an empty side (chunks hold no pair).
+        give_up_after_empty_chunks=-(-give_up_after // CHUNK_RECORDS),
     )
     if num_workers > 0:
         options = grain.MultiprocessingOptions(num_workers=num_workers, per_worker_buffer_size=_PREFETCH_BATCHES)

@@ -363,6 +363,15 @@ def test_pairs_with_an_empty_side_are_left_out(corpus):
     assert len(fitting) >= 2 and set(pairs) == fitting  # Only <eos> on a side: never placed.
 
 
+def test_a_stream_where_every_pair_has_an_empty_side_is_one_error(corpus):
+    """Such pairs never reach the packer (the chunks leave them out): it would wait for a pair forever."""
+    records, path = corpus
+    stream = _stream(([{"en": record["en"], "de": b""} for record in records], path))
+    with pytest.raises(UserInputError, match=r"The last \d+ chunks of training records read held no pair with text"):
+        next(stream)
+    stream.close()
+
+
 def test_a_stream_where_one_pair_in_an_epoch_fits_goes_on(corpus):
     """The misfits between two reads of the one pair that fits may span most of two epochs."""
     records = [{"en": " ".join(["garden"] * 30).encode(), "de": " ".join(["GARDEN"] * 30).encode()}] * 149
