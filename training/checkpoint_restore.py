@@ -74,7 +74,8 @@ def restore_verified(
     except Exception as e:  # pylint: disable=broad-except  (TensorStore raises bare Exceptions)
         error = f"reading it failed ({one_line(e)})"
     # Each process reads its own shards: all must agree before the global checks.
-    if not processes.every_process_answer(error is None) and error is None:
+    read_everywhere = processes.every_process_answer(error is None)
+    if error is None and not read_everywhere:
         error = "reading it failed on another process"
     if error is not None:
         raise damaged(error)
