@@ -297,8 +297,8 @@ class TrainStream:
             process_index, process_count: this process among the run's (`jax.process_index()`, `count()`),
                 which a position names: a process never resumes another's, nor one saved by another
                 number of processes (the shares of `options` may then hold other processes' rows).
-            every_process_fits: whether every process's position fits, given this one's (every process calls
-                it once, with the same `step`).
+            every_process_fits: whether every process's position fits, given this one's (at a `step` > 0,
+                the same in every process, every process calls it once; at step 0 none does).
 
         Raises:
             UserInputError: `records` is empty or holds fewer records than there are shares.
@@ -324,10 +324,11 @@ class TrainStream:
             "records_digest": records_digest(records),
         }
         saved = None if state is None else state.get("stream", {})
-        fits_here = step > 0 and saved is not None and _as_saved_now(saved, fits) == fits
+        fits_here = saved is not None and _as_saved_now(saved, fits) == fits
         # One process starting afresh while the others resume would read records of their shares (or, holding
-        # the same rows as another, other rows than it): all resume, or none.
-        resume = every_process_fits(fits_here)
+        # the same rows as another, other rows than it): all resume, or none. At step 0 (the same in every
+        # process) none resumes, and no process need ask the others.
+        resume = step > 0 and every_process_fits(fits_here)
         if resume:
             seed = saved["seed"]  # A stream restarted earlier runs on with its folded seed.
         elif step > 0:

@@ -11,6 +11,7 @@ import grain
 import numpy as np
 import pytest
 
+from common import processes
 from common.errors import UserInputError
 from common.special_ids import EOS_ID
 from input_pipeline import streaming
@@ -412,12 +413,13 @@ def test_a_restored_stream_yields_exactly_the_next_batches(corpus, lookahead):
         restored.close()
 
 
-def _resumed_afresh(corpus, caplog, state: dict | None, every_process_fits=None, **options) -> streaming.TrainStream:
+def _resumed_afresh(
+    corpus, caplog, state: dict | None, every_process_fits=processes.every_process_answer, **options
+) -> streaming.TrainStream:
     """A stream resumed from `state` at step 5, checked to warn and start afresh with the seed folded with the step
-    (`every_process_fits`, if given, stands for the other processes when it resumes)."""
-    agreement = {} if every_process_fits is None else {"every_process_fits": every_process_fits}
+    (`every_process_fits` stands for the other processes when it resumes)."""
     with caplog.at_level(logging.WARNING):
-        resumed = _stream(corpus, state=state, step=5, **agreement, **options)
+        resumed = _stream(corpus, state=state, step=5, every_process_fits=every_process_fits, **options)
     assert any("at step 5: every process goes on with a fresh stream" in r.getMessage() for r in caplog.records)
     caplog.clear()
     fresh = _stream(corpus, seed=streaming.fold_seed(3, 5), **options)
@@ -483,6 +485,15 @@ def test_a_position_that_fits_starts_afresh_where_another_process_has_none(corpu
 
         _resumed_afresh(corpus, caplog, saved, every_process_fits=another_has_none, **options).close()
         assert told == [fits_here]
+
+
+def test_a_stream_at_step_0_asks_no_other_process(corpus):
+    """Every process starts afresh at step 0: a collective there would only cost start-up time."""
+
+    def asked(fits: bool) -> bool:
+        raise AssertionError(f"asked the other processes at step 0 ({fits})")
+
+    _stream(corpus, every_process_fits=asked).close()
 
 
 def test_a_position_saved_before_shares_existed_resumes_only_where_each_process_read_its_own(corpus, caplog):
