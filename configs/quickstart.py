@@ -9,9 +9,9 @@ in float32, at 2.0-3.2 steps/s: the whole command took 9 min 6 s from an empty w
 the 2,212-pair test split (21.09 on 256 validation sentences). The earlier recipe (3 + 3 layers,
 700 steps of 64 rows, dropout 0.1, peak 1e-3 after 300 warm-up steps) took 28 min 47 s there for
 22.51. On a 2-core AMD EPYC with AVX-512 and AVX512-BF16, where 'auto' trains in bfloat16, the
-command took 4 min 53 s for 22.19 test BLEU (chrF 50.6; 2026-11-25, commit e10f9d5, in a slower
-hour; 4 min 23 s at 4fe2e45 and 5 min 5 s at 7f1bd56 earlier that day, the same model and
-batches). Training is
+command took 5 min 50 s for 22.19 test BLEU (chrF 50.6; 2026-11-26, commit 94797b1, in a slow
+hour; 4 min 53 s at e10f9d5 an hour before, 4 min 23 s at 4fe2e45, the same model and batches).
+Training is
 deterministic: a rerun on the same machine gives the same numbers.
 """
 
