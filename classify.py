@@ -16,9 +16,9 @@ import os
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from common import host_memory
 from common.errors import UserInputError
-from training.logs import quiet_library_logs
+from training.reporting.logs import quiet_library_logs
+from training.runtime import host_memory
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "The trained run's directory.")
 _CHECKPOINT = flags.DEFINE_string(
@@ -36,9 +36,11 @@ flags.mark_flags_as_required(["workdir"])
 
 
 def classify(workdir: str) -> None:
-    from configs.validation import validate_config  # pylint: disable=g-import-not-at-top  (JAX starts here)
     from models.build import is_classification  # pylint: disable=g-import-not-at-top
-    from training import classification, inference, sharding, text_io  # pylint: disable=g-import-not-at-top
+    from training import inference, text_io  # pylint: disable=g-import-not-at-top
+    from training.config_checks import validate_config  # pylint: disable=g-import-not-at-top  (JAX starts here)
+    from training.runtime import sharding  # pylint: disable=g-import-not-at-top
+    from training.tasks import classification  # pylint: disable=g-import-not-at-top
 
     config = _CONFIG.value if _CONFIG.value is not None else inference.load_config(workdir)
     if not is_classification(config):
@@ -57,11 +59,11 @@ def classify(workdir: str) -> None:
     outputs = ["" if result is None else f"{names[result[0]]}\t{result[1]:.4f}" for result in results]
     text_io.write_output_lines(outputs, _OUTPUT.value)  # First: drawing maps may still fail (a full disk).
     if _ATTENTION_MAPS.value:
-        from training import attention_maps  # pylint: disable=g-import-not-at-top
+        from training.reporting import attention_maps  # pylint: disable=g-import-not-at-top
 
         for number, line in enumerate(lines, start=1):
             if line.strip():
-                figures = inference.classifier_attention_figures(
+                figures = attention_maps.classifier_attention_figures(
                     trained.model, trained.params, trained.tokenizer, line.strip()
                 )
                 out_dir = os.path.join(_ATTENTION_MAPS.value, f"line_{number}")

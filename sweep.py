@@ -18,7 +18,7 @@ import sys
 from absl import app, flags
 
 from common import io_errors
-from training import sweep, sweep_report
+from sweeps import plots, report, runner
 
 _SWEEP = flags.DEFINE_string("sweep", None, "Sweep file (configs/sweeps/*.py): a base config and named variants.")
 _ROOT = flags.DEFINE_string("root", None, "Folder of the sweep's runs (<root>/<variant>/seed_<k>) and results.")
@@ -34,7 +34,7 @@ def main(argv):
         raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
     try:
         _sweep()
-    except sweep.SweepStopped as e:
+    except runner.SweepStopped as e:
         print(e, file=sys.stderr)
         sys.exit(e.exit_status)
     except Exception as e:  # pylint: disable=broad-except
@@ -46,24 +46,23 @@ def main(argv):
 
 
 def _sweep() -> None:
-    loaded = sweep.load_sweep(_SWEEP.value)
-    selected = sweep.select_variants(loaded, _ONLY.value)
+    loaded = runner.load_sweep(_SWEEP.value)
+    selected = runner.select_variants(loaded, _ONLY.value)
     if _DRY_RUN.value:
-        lines, left_out = sweep.pending_commands(loaded, sweep.plan_runs(_ROOT.value, selected, _SEEDS.value))
+        lines, left_out = runner.pending_commands(loaded, runner.plan_runs(_ROOT.value, selected, _SEEDS.value))
         print("\n".join(lines))
         for run, why in left_out:
             print(f"left out {run.label}: {why}", file=sys.stderr)
         return
     failed = []
     if not _COLLECT.value:
-        outcome = sweep.run_all(loaded, sweep.plan_runs(_ROOT.value, selected, _SEEDS.value))
+        outcome = runner.run_all(loaded, runner.plan_runs(_ROOT.value, selected, _SEEDS.value))
         failed = outcome.failed
         print(f"{len(outcome.finished)} runs trained, {len(outcome.skipped)} finished before, {len(failed)} failed.")
     # Every seed run so far, also beyond --seeds (a sweep run earlier with more).
-    seeds = max(_SEEDS.value, sweep.seeds_present(_ROOT.value, loaded.names()))
-    summaries, unfinished = sweep_report.collect(
-        loaded, _ROOT.value, sweep.plan_runs(_ROOT.value, loaded.names(), seeds)
-    )
+    seeds = max(_SEEDS.value, runner.seeds_present(_ROOT.value, loaded.names()))
+    summaries, unfinished = report.collect(loaded, _ROOT.value, runner.plan_runs(_ROOT.value, loaded.names(), seeds))
+    plots.draw(_ROOT.value, summaries)
     finished = sum(len(s.results) for s in summaries)
     print(f"Results of {finished} runs ({len(unfinished)} not finished) in {_ROOT.value}/results.md")
     if failed:

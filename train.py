@@ -18,11 +18,12 @@ import jax
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from common import host_memory, io_errors, processes
+from common import io_errors, processes, workdir
 from common.errors import TrainingStopped, UserInputError
-from configs.validation import validate_config
-from training import compilation_cache, distributed, workdir
-from training.logs import quiet_library_logs
+from common.workdir import Workdir
+from training.config_checks import validate_config
+from training.reporting.logs import quiet_library_logs
+from training.runtime import compilation_cache, distributed, host_memory
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file (configs/*.py).", lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", None, "Directory for checkpoints, logs and results.")
@@ -127,12 +128,11 @@ def main(argv):
 
 def _intact_checkpoints(workdir_path: str) -> str:
     """'; checkpoints up to step N are intact', for a storage error during training."""
-    from training.checkpointing import checkpoint_dir  # pylint: disable=g-import-not-at-top
 
     try:
         import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
 
-        steps = ocp.path.step.checkpoint_steps(checkpoint_dir(workdir_path))
+        steps = ocp.path.step.checkpoint_steps(Workdir(workdir_path).checkpoints)
     except OSError:
         return ""
     return f"; checkpoints up to step {max(steps)} are intact" if steps else ""

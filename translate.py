@@ -18,9 +18,10 @@ import os
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from common import host_memory
+from common.decoding_names import describe_decoding
 from common.errors import UserInputError
-from training.logs import quiet_library_logs
+from training.reporting.logs import quiet_library_logs
+from training.runtime import host_memory
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "The trained run's directory.")
 _CHECKPOINT = flags.DEFINE_string(
@@ -47,7 +48,7 @@ flags.mark_flags_as_required(["workdir"])
 
 def _decoding_config(config):
     """config.eval with the decoding flags that were given applied, validated."""
-    from configs.validation import validate_config  # pylint: disable=g-import-not-at-top
+    from training.config_checks import validate_config  # pylint: disable=g-import-not-at-top
 
     overrides = {
         "beam_size": _BEAM_SIZE.value,
@@ -64,13 +65,13 @@ def _decoding_config(config):
 
 
 def _draw_attention_maps(trained, lines: list[str], translations: list[str], out_dir: str) -> None:
-    from training import attention_maps, inference  # pylint: disable=g-import-not-at-top
+    from training.reporting import attention_maps  # pylint: disable=g-import-not-at-top
 
     for number, (line, translation) in enumerate(zip(lines, translations), start=1):
         source, _, target = line.partition("\t")
         if not source.strip():
             continue
-        figures = inference.sentence_attention_figures(
+        figures = attention_maps.sentence_attention_figures(
             trained.model, trained.params, trained.tokenizer, source.strip(), target.strip() or translation
         )
         paths = attention_maps.save_attention_maps(figures, os.path.join(out_dir, f"line_{number}"))
@@ -78,7 +79,8 @@ def _draw_attention_maps(trained, lines: list[str], translations: list[str], out
 
 
 def translate(workdir: str) -> None:
-    from training import evaluation, inference, text_io, translation  # pylint: disable=g-import-not-at-top  (JAX starts here)
+    from training import inference, text_io  # pylint: disable=g-import-not-at-top  (JAX starts here)
+    from training.tasks import translation  # pylint: disable=g-import-not-at-top  (JAX starts here)
 
     config = _CONFIG.value if _CONFIG.value is not None else inference.load_config(workdir)
     if config.get("task", "translation") != "translation":
@@ -88,7 +90,7 @@ def translate(workdir: str) -> None:
     # 'source<TAB>target' lines are for attention maps; otherwise a tab is part of the sentence.
     sources = [line.partition("\t")[0] for line in lines] if _ATTENTION_MAPS.value else lines
     trained = inference.load_trained_model(config, workdir, _CHECKPOINT.value)
-    decoding = evaluation.describe_decoding(config.eval)
+    decoding = describe_decoding(config.eval)
     logging.info("Translating %d lines: %s, %s.", len(lines), trained.selection.description, decoding)
     setup = translation.eval_setup(config, trained.model, trained.tokenizer, trained.mesh)
     translations = inference.translate_lines(setup, trained.params, sources, config.dataset.max_length)

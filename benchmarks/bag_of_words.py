@@ -27,7 +27,7 @@ from absl import app, flags
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from input_pipeline.labelled_text import read_examples, split_file  # noqa: E402
-from training import classification_metrics  # noqa: E402
+from training.tasks import classification_metrics  # noqa: E402
 
 _DATA = flags.DEFINE_string("data", "data/libreoffice_help_topics", "Folder of {train,valid,test}.tsv[.gz].")
 _MIN_COUNT = flags.DEFINE_integer("min_count", 2, "Keep words and bigrams seen at least this often in train.")

@@ -22,14 +22,13 @@ import numpy as np
 from absl import app, flags
 from ml_collections import config_flags
 
-from common import host_memory
 from common.special_ids import BOS_ID, PAD_ID
 from input_pipeline import batching
 from input_pipeline.corpus import load_corpus
 from models.build import compute_dtype, make_model
 from models.decoding import beam_search
-from training import sharding
-from training.logs import quiet_library_logs
+from training.reporting.logs import quiet_library_logs
+from training.runtime import host_memory, sharding
 from training.state import init_params
 
 _CONFIG = config_flags.DEFINE_config_file("config", "configs/quickstart.py", "Config file.")

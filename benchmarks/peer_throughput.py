@@ -34,7 +34,7 @@ matmuls in JAX (float32; bfloat16 operands with float32 output), the peaks again
 JAX step's model FLOPs give its MFU (float32 rows against the float32 peak, bfloat16 rows
 against the bfloat16 one).
 
-Both frameworks share the process and its allocator, `--host_allocator` (common/host_memory.py;
+Both frameworks share the process and its allocator, `--host_allocator` (training/runtime/host_memory.py;
 train.py's `config.host_allocator`): 'huge_pages' by default as in train.py, or 'keep_freed',
 the fastest on CPU, or 'glibc'.
 
@@ -57,16 +57,16 @@ import ml_collections
 import numpy as np
 from absl import app, flags
 
-from common import host_memory
 from common.special_ids import BOS_ID, EOS_ID
 from configs import default
 from models.build import make_model
 from models.embeddings import sinusoidal_positions
-from training import compilation_cache, flops, sharding
-from training.logs import quiet_library_logs
+from training import flops
 from training.loop import configured_train_step, initial_state, state_shardings
 from training.optimizer import make_optimizer
-from training.translation import TranslationTask
+from training.reporting.logs import quiet_library_logs
+from training.runtime import compilation_cache, host_memory, sharding
+from training.tasks.translation import TranslationTask
 
 # name -> (compute dtype, dropout rate).
 VARIANTS = {

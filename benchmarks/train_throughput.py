@@ -26,7 +26,7 @@ lengths average out) and their median over rounds, the real share of the target 
 step time per target position (median over rounds: tokens/s = real share / time per position,
 so a ratio of two rows splits into what padding and what the step's cost per position made of
 it), and the process's kernel CPU time per step (faulting in the step's fresh buffers, see
-common/host_memory.py, and on a shared VM occasional longer stalls). Then, per step shape, the
+training/runtime/host_memory.py, and on a shared VM occasional longer stalls). Then, per step shape, the
 median step time and its cost per position. Last, the ratio of packed to bucketed tokens/s:
 the median over rounds of each round's ratio (within a round the two variants run one after the
 other, so a round's ratio is free of the machine's slower drifts) and their range; then the
@@ -48,14 +48,14 @@ import numpy as np
 from absl import app, flags
 from ml_collections import config_flags
 
-from common import host_memory
 from input_pipeline import datasets
 from input_pipeline.corpus import load_corpus
 from models.build import compute_dtype, make_model
-from training import compilation_cache, sharding, tasks
 from training.loop import configured_train_step, initial_state, state_shardings
 from training.optimizer import make_optimizer
-from training.translation import TranslationTask
+from training.runtime import compilation_cache, host_memory, sharding
+from training.tasks import base
+from training.tasks.translation import TranslationTask
 
 _CONFIG = config_flags.DEFINE_config_file("config", "configs/quickstart.py", "Config file.")
 _BATCHINGS = flags.DEFINE_list(
@@ -68,19 +68,19 @@ _WORKDIR = flags.DEFINE_string("workdir", "", "Where data and tokenizer are prep
 _MAX_WARMUP_STEPS = 200
 
 
-def _bucketed_batches(config, workdir: str, corpus, mesh) -> tasks.TrainBatchIterator:
+def _bucketed_batches(config, workdir: str, corpus, mesh) -> base.TrainBatchIterator:
     """The whole train split tokenized in memory, in length-bucketed batches."""
     dataset = config.dataset
     builder = datasets.make_builder(dataset, workdir, required_splits=(dataset.train_split,))
     text = datasets.load_text_pairs(builder, dataset.train_split, dataset.source_lang, dataset.target_lang)
     ids = datasets.filter_by_length(datasets.tokenize(text, corpus.tokenizer), dataset.max_length)
-    return tasks.bucketed_train_batches(config, ids, mesh, None)
+    return base.bucketed_train_batches(config, ids, mesh, None)
 
 
 class _Replayed:
     """A stream's first `count` batches, taken once, then returned again and again from memory."""
 
-    def __init__(self, stream: tasks.TrainBatchIterator, count: int):
+    def __init__(self, stream: base.TrainBatchIterator, count: int):
         batches = [next(stream) for _ in range(count)]
         stream.close()
         self._batches = itertools.cycle(batches)

@@ -1,7 +1,7 @@
 """The mesh's axis names, and how a config's mesh and logical-axis rules map onto them.
 
-Pure functions of the config: configs/validation.py checks a mesh with them before any
-device exists, training/sharding.py builds the mesh and places arrays with them.
+Pure functions of the config: training/config_checks.py checks a mesh with them before any
+device exists, training/runtime/sharding.py builds the mesh and places arrays with them.
 """
 
 from collections.abc import Sequence

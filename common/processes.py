@@ -1,7 +1,7 @@
 """Process roles: which process writes the run's files, and waiting for the others.
 
 With one process (the usual case on one host) every function here is trivial. With
-several (training/distributed.py connects them), process 0 prepares what all of them
+several (training/runtime/distributed.py connects them), process 0 prepares what all of them
 read (a dataset, a tokenizer) while the others wait at a barrier.
 """
 

@@ -11,14 +11,11 @@ from absl import logging
 
 from common import io_errors, processes
 from common.errors import UserInputError
+from common.workdir import Workdir
 from input_pipeline import datasets
 from input_pipeline import tokenizer as tokenizer_lib
 from input_pipeline.batching import LabelledIds, ParallelIds
 from input_pipeline.labelled_text import LabelledTexts
-
-TOKENIZER_FILE = "tokenizer.model"
-# Classification: the training labels, one 'label<TAB>count in train' line each, in class-id order.
-LABELS_FILE = "labels.tsv"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,7 +81,7 @@ def load_corpus(
         logging.info("%s: %d pairs, %d target subwords.", split, len(ids[split]), int(ids[split].targets.lengths.sum()))
     return Corpus(
         tokenizer=tokenizer,
-        tokenizer_path=os.path.join(workdir, TOKENIZER_FILE),
+        tokenizer_path=Workdir(workdir).tokenizer,
         train_records=train_records if dataset.train_split in splits else None,
         source_lang=dataset.source_lang,
         target_lang=dataset.target_lang,
@@ -104,7 +101,7 @@ def _checked_workdir_tokenizer(
         UserInputError: a damaged tokenizer file; when training, a tokenizer other than
             config.tokenizer describes (vocab_size, model_type); no tokenizer when one may not be trained.
     """
-    tokenizer_path = os.path.join(workdir, TOKENIZER_FILE)
+    tokenizer_path = Workdir(workdir).tokenizer
     if os.path.exists(tokenizer_path):
         tokenizer = tokenizer_lib.load_tokenizer(tokenizer_path)
         if allow_training_tokenizer:
@@ -128,7 +125,7 @@ def _workdir_tokenizer(
     """`tokenizer` if the workdir had one; else <workdir>/tokenizer.model, trained by process 0 on the first run."""
     if tokenizer is not None:
         return tokenizer
-    tokenizer_path = os.path.join(workdir, TOKENIZER_FILE)
+    tokenizer_path = Workdir(workdir).tokenizer
     with processes.main_process_first("train_tokenizer"):
         if os.path.exists(tokenizer_path):  # Trained by process 0 meanwhile.
             return tokenizer_lib.load_tokenizer(tokenizer_path)
@@ -173,7 +170,7 @@ def labels_from_training(train_labels: list[str], names: list[str] | None) -> La
 
 
 def save_labels(labels: Labels, workdir: str) -> None:
-    path = os.path.join(workdir, LABELS_FILE)
+    path = Workdir(workdir).labels
     with io_errors.naming(path), open(path + ".tmp", "w", encoding="utf-8") as f:
         f.writelines(f"{name}\t{count}\n" for name, count in zip(labels.names, labels.train_counts))
     os.replace(path + ".tmp", path)
@@ -185,7 +182,7 @@ def load_labels(workdir: str) -> Labels:
     Raises:
         UserInputError: the workdir holds no (readable) labels file.
     """
-    path = os.path.join(workdir, LABELS_FILE)
+    path = Workdir(workdir).labels
     try:
         with open(path, encoding="utf-8") as f:
             rows = [line.rstrip("\n").split("\t") for line in f if line.strip()]
@@ -224,10 +221,10 @@ def load_labelled_corpus(
     """
     dataset = config.dataset
     tokenizer = _checked_workdir_tokenizer(config, workdir, allow_training_tokenizer=allow_training_tokenizer)
-    have_vocabularies = tokenizer is not None and os.path.exists(os.path.join(workdir, LABELS_FILE))
+    have_vocabularies = tokenizer is not None and os.path.exists(Workdir(workdir).labels)
     if not have_vocabularies and not allow_training_tokenizer:
         raise UserInputError(
-            f"{os.path.join(workdir, LABELS_FILE)} or {TOKENIZER_FILE} does not exist: {workdir} holds no trained "
+            f"{Workdir(workdir).labels} or {Workdir(workdir).tokenizer} does not exist: {workdir} holds no trained "
             "classifier. Train first with the same --workdir."
         )
     needed = splits if have_vocabularies else tuple(dict.fromkeys((dataset.train_split, *splits)))
@@ -236,7 +233,7 @@ def load_labelled_corpus(
     text = {split: datasets.load_labelled_texts(builder, split) for split in needed}
     tokenizer = _workdir_tokenizer(config, workdir, tokenizer, lambda: text[dataset.train_split].texts)
     with processes.main_process_first("save_labels"):
-        if os.path.exists(os.path.join(workdir, LABELS_FILE)):
+        if os.path.exists(Workdir(workdir).labels):
             labels = load_labels(workdir)
         else:
             names = datasets.text_and_label_features(builder)[2]

@@ -14,6 +14,7 @@ from absl import logging
 from common import io_errors
 from common.errors import UserInputError
 from common.special_ids import EOS_ID
+from common.workdir import Workdir
 from input_pipeline.batching import LabelledIds, ParallelIds, RaggedIds
 from input_pipeline.labelled_text import LABEL, LabelledText, LabelledTexts
 from input_pipeline.labelled_text import TEXT as LABEL_TEXT
@@ -51,7 +52,7 @@ def make_builder(
             source_lang=dataset.source_lang,
             target_lang=dataset.target_lang,
             required_splits=required_splits,
-            data_dir=dataset.data_dir or os.path.join(workdir, "tfds"),
+            data_dir=dataset.data_dir or Workdir(workdir).tfds,
         )
     else:
         builder = _registered_builder(dataset, f"'wmt14_translate/de-en', or '{LOCAL_DATASET}'")
@@ -197,7 +198,7 @@ def make_labelled_builder(
         builder = LabelledText(
             path=dataset.path,
             required_splits=required_splits,
-            data_dir=dataset.data_dir or os.path.join(workdir, "tfds"),
+            data_dir=dataset.data_dir or Workdir(workdir).tfds,
         )
     else:
         builder = _registered_builder(dataset, f"'imdb_reviews' or 'glue/sst2', or '{LOCAL_LABELLED_DATASET}'")

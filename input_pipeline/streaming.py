@@ -28,7 +28,7 @@ row is the source of segment k of the targets row.
 The position in the stream is grain's iterator state (a JSON dict: the chunk of records reached, the next
 pair in it and the up to packing_lookahead x rows pairs in view, waiting to be placed); `TrainStream.get_state`
 wraps it with what it is only valid for (the process and its share, workers, chunk size, records), and the
-checkpoint keeps it per process (training/checkpointing.py). Restoring it continues with exactly the batch
+checkpoint keeps it per process (training/checkpoints/checkpointer.py). Restoring it continues with exactly the batch
 that came next. Resuming where it does not fit, see `TrainStream`.
 """
 

@@ -3,7 +3,7 @@
 import io
 import os
 import random
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 import sentencepiece as spm
 from absl import logging
@@ -12,6 +12,7 @@ from sentencepiece import sentencepiece_model_pb2
 from common import io_errors
 from common.errors import UserInputError
 from common.special_ids import BOS_ID, EOS_ID, PAD_ID, UNK_ID
+from input_pipeline.batching import RaggedIds
 
 
 def train_tokenizer(
@@ -100,3 +101,18 @@ def check_tokenizer_matches(
                 f"{found[field]!r}: the run's checkpoints depend on it. Resume with "
                 f"--config.tokenizer.{field}={found[field]}, or train in a new --workdir."
             )
+
+
+def encode_sources(
+    tokenizer: spm.SentencePieceProcessor, lines: Sequence[str], max_length: int
+) -> tuple[RaggedIds, list[int]]:
+    """Subword ids of each line, ending with <eos>, cut to `max_length` ids.
+
+    Returns:
+        The ids, and the indices of the lines that were cut (for a warning).
+    """
+    ids = [tokenizer.encode(line) + [EOS_ID] for line in lines]
+    cut = [i for i, line_ids in enumerate(ids) if len(line_ids) > max_length]
+    for i in cut:
+        ids[i] = ids[i][: max_length - 1] + [EOS_ID]
+    return RaggedIds.from_lists(ids), cut

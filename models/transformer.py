@@ -150,7 +150,7 @@ def add_residual(
 
 
 def _kernel_init(*logical_axes: str) -> nn.initializers.Initializer:
-    """Glorot-uniform weights, their dimensions named for sharding (see training/sharding.py)."""
+    """Glorot-uniform weights, their dimensions named for sharding (see training/runtime/sharding.py)."""
     return nn.with_logical_partitioning(nn.initializers.xavier_uniform(), logical_axes)
 
 

@@ -9,8 +9,8 @@ import sys
 import pytest
 from tensorboardX.proto import event_pb2
 
-from common import host_memory
 from models import TransformerConfig
+from training.runtime import host_memory
 
 # XLA_FLAGS for tests that compile many small programs in subprocesses (8-device layouts, one
 # train.py per process): LLVM's code generation unoptimized compiles them ~1.7x as fast. The HLO
@@ -79,7 +79,7 @@ def entry_point_env() -> dict[str, str]:
     """The environment the entry points run in, in tests: the CPU, quiet TensorFlow.
 
     It is the environment an entry point restarts itself into for the default host allocator
-    (common/host_memory.py), which saves each launch its restart; tests/test_multi_host.py and
+    (training/runtime/host_memory.py), which saves each launch its restart; tests/test_multi_host.py and
     tests/test_preemption.py launch train.py without it, restart included.
     """
     env = dict(os.environ, JAX_PLATFORMS="cpu", CUDA_VISIBLE_DEVICES="", TF_CPP_MIN_LOG_LEVEL="2")

@@ -35,10 +35,12 @@ from configs import default
 from input_pipeline.batching import ParallelIds, RaggedIds
 from models.build import make_model
 from models.decoding import greedy_decode
-from training import classification, evaluation, loop, sharding, tasks, translation
-from training.checkpointing import Checkpointer
+from training import loop
+from training.checkpoints.checkpointer import Checkpointer
 from training.optimizer import make_optimizer
+from training.runtime import sharding
 from training.steps import compile_train_step, eval_step
+from training.tasks import classification, translation, translation_eval
 
 NUM_STEPS = 5
 PARAM_ATOL = 2e-5  # Adam's first steps move every weight by ~ the learning rate, 3e-3 here.
@@ -121,7 +123,7 @@ def _train(compilation, data, fsdp, tensor, micro_batches, devices, batches, tas
         mesh,
         config.mesh.rules,
         shardings,
-        loss_fn=tasks.make_task(config).loss_fn(config, model),
+        loss_fn=loop.make_task(config).loss_fn(config, model),
         tx=tx,
         learning_rate_fn=schedule,
         grad_accumulation_steps=micro_batches,
@@ -208,8 +210,8 @@ def check_layouts() -> None:
 def _evaluate_split(params, config, mesh, model, pairs: ParallelIds):
     """Loss metrics, translations and batch sizes of `pairs` through evaluation's batching, rows and placement."""
     setup = translation.eval_setup(config, model, None, mesh)
-    metrics = evaluation.loss_metrics(setup, params, pairs)
-    return metrics, evaluation.translate_ids(setup, params, pairs.sources), setup.batch_sizes
+    metrics = translation_eval.loss_metrics(setup, params, pairs)
+    return metrics, translation_eval.translate_ids(setup, params, pairs.sources), setup.batch_sizes
 
 
 def check_classifier() -> None:

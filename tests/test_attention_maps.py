@@ -1,4 +1,4 @@
-"""Tests for training/attention_maps.py: collecting attention weights, drawing them, writing them out."""
+"""Tests for training/reporting/attention_maps.py: collecting attention weights, drawing them, writing them out."""
 
 import dataclasses
 import functools
@@ -17,8 +17,8 @@ from common.errors import UserInputError
 from common.special_ids import EOS_ID, PAD_ID
 from input_pipeline.tokenizer import train_tokenizer
 from models import Transformer
-from training import attention_maps
-from training.metrics_writer import MetricWriter
+from training.reporting import attention_maps
+from training.reporting.metrics_writer import MetricWriter
 
 # Different layer counts (and sentence lengths), so that a swapped stack or axis changes a shape.
 CONFIG = dataclasses.replace(TINY_MODEL, vocab_size=200, num_encoder_layers=1, num_decoder_layers=2, max_len=24)

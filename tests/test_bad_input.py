@@ -15,9 +15,9 @@ from conftest import run_entry_point, tiny_config
 
 from common.errors import UserInputError
 from configs import tiny
-from configs.validation import validate_config
 from input_pipeline.parallel_text import check_parallel_files
 from training import loop
+from training.config_checks import validate_config
 
 NUM_LINES = 12
 BAD_LINE = 5  # 1-based line number of the non-UTF-8 line.

@@ -20,15 +20,14 @@ from conftest import run_entry_point, tiny_config
 from jax.sharding import NamedSharding, PartitionSpec
 
 from common.errors import UserInputError
-from training import inference, loop, sharding
-from training.checkpointing import (
+from common.workdir import Workdir
+from training import inference, loop
+from training.checkpoints.checkpointer import (
     Checkpointer,
     DamagedCheckpointError,
     NonFiniteStateError,
-    best_checkpoint_dir,
-    checkpoint_dir,
-    damaged_checkpoint_dir,
 )
+from training.runtime import sharding
 from training.state import TrainState
 
 # --- Tiny states built in-process -------------------------------------------------------------------------
@@ -82,7 +81,7 @@ def _assert_params_equal(got, step: int) -> None:
 
 
 def _state_dir(workdir: str, step: int) -> str:
-    return os.path.join(checkpoint_dir(workdir), str(step), "state")
+    return os.path.join(Workdir(workdir).checkpoints, str(step), "state")
 
 
 def _array_files(workdir: str, step: int) -> list[str]:
@@ -129,11 +128,11 @@ def _flip_bytes_throughout(workdir, step):
 
 def _write_nan_state(workdir, step):
     """Replaces the step by one whose parameters hold a NaN, written past the Checkpointer's refusal."""
-    shutil.rmtree(os.path.join(checkpoint_dir(workdir), str(step)))
+    shutil.rmtree(os.path.join(Workdir(workdir).checkpoints, str(step)))
     params = _params(step)
     params["bias"][3] = np.nan
     manager = ocp.CheckpointManager(
-        checkpoint_dir(workdir),
+        Workdir(workdir).checkpoints,
         item_handlers={"state": ocp.PyTreeCheckpointHandler(), "data": ocp.JsonCheckpointHandler()},
     )
     manager.save(
@@ -184,9 +183,9 @@ def test_resume_falls_back_and_moves_the_damaged_step_aside(workdir, kind, caplo
 
     assert int(state.step) == 2 and data_state == {"epoch": 0, "batch": 2}
     _assert_params_equal(state.params, 2)
-    moved = os.path.join(damaged_checkpoint_dir(workdir), "3")
+    moved = os.path.join(Workdir(workdir).damaged_checkpoints, "3")
     [warning] = _warnings(caplog)
-    assert warning.startswith(f"The checkpoint at step 3 in {checkpoint_dir(workdir)} is damaged: ")
+    assert warning.startswith(f"The checkpoint at step 3 in {Workdir(workdir).checkpoints} is damaged: ")
     assert re.search(cause, warning) and warning.endswith(f"; moved it to {moved} and resumed from step 2.")
     assert "\n" not in warning
     # Moved, not deleted; the rotation no longer counts it, so step 3 is saved again and nothing good goes.
@@ -211,10 +210,10 @@ def test_latest_parameters_skip_a_damaged_step_and_leave_it(workdir, kind, caplo
     assert selection.description == "step 2"
     _assert_params_equal(params, 2)
     [warning] = _warnings(caplog)
-    assert warning.startswith(f"The checkpoint at step 3 in {checkpoint_dir(workdir)} is damaged: ")
+    assert warning.startswith(f"The checkpoint at step 3 in {Workdir(workdir).checkpoints} is damaged: ")
     assert re.search(cause, warning) and warning.endswith("; skipped it, using step 2.")
-    assert sorted(os.listdir(checkpoint_dir(workdir))) == ["1", "2", "3"]
-    assert not os.path.exists(damaged_checkpoint_dir(workdir))
+    assert sorted(os.listdir(Workdir(workdir).checkpoints)) == ["1", "2", "3"]
+    assert not os.path.exists(Workdir(workdir).damaged_checkpoints)
 
 
 def test_several_damaged_steps_each_get_one_line(workdir, caplog):
@@ -226,9 +225,9 @@ def test_several_damaged_steps_each_get_one_line(workdir, caplog):
     checkpointer.close()
     assert int(state.step) == 1
     assert [w.split(" is damaged")[0] for w in _warnings(caplog)] == [
-        f"The checkpoint at step {step} in {checkpoint_dir(workdir)}" for step in (3, 2)
+        f"The checkpoint at step {step} in {Workdir(workdir).checkpoints}" for step in (3, 2)
     ]
-    assert sorted(os.listdir(damaged_checkpoint_dir(workdir))) == ["2", "3"]
+    assert sorted(os.listdir(Workdir(workdir).damaged_checkpoints)) == ["2", "3"]
 
 
 def test_no_intact_step_is_one_error_and_moves_nothing(tmp_path):
@@ -243,11 +242,11 @@ def test_no_intact_step_is_one_error_and_moves_nothing(tmp_path):
     message = str(error.value)
     assert "\n" not in message
     assert message.startswith(
-        f"No intact checkpoint in {checkpoint_dir(workdir)}, nothing was changed: step 2: its state/ folder is "
+        f"No intact checkpoint in {Workdir(workdir).checkpoints}, nothing was changed: step 2: its state/ folder is "
         "missing; step 1: reading it failed ("
     )
-    assert message.endswith(f"Move {checkpoint_dir(workdir)} away to train from step 0.")
-    assert sorted(os.listdir(checkpoint_dir(workdir))) == ["1", "2"]
+    assert message.endswith(f"Move {Workdir(workdir).checkpoints} away to train from step 0.")
+    assert sorted(os.listdir(Workdir(workdir).checkpoints)) == ["1", "2"]
 
 
 def test_a_misfit_is_an_error_not_damage(workdir):
@@ -259,7 +258,7 @@ def test_a_misfit_is_an_error_not_damage(workdir):
         checkpointer.restore_latest(abstract)
     checkpointer.close()
     assert not isinstance(error.value, DamagedCheckpointError)
-    assert sorted(os.listdir(checkpoint_dir(workdir))) == ["1", "2", "3"]
+    assert sorted(os.listdir(Workdir(workdir).checkpoints)) == ["1", "2", "3"]
 
 
 # --- A damaged checkpoint named explicitly is one error ------------------------------------------------------
@@ -279,11 +278,11 @@ def test_a_damaged_chosen_checkpoint_is_one_error(tmp_path, choice, damaged_step
     workdir = str(tmp_path / "run")
     _save_steps(workdir, (1, 2, 3), best=2)
     if choice == "best":
-        shutil.rmtree(os.path.join(best_checkpoint_dir(workdir), "2", "state"))
-        directory = best_checkpoint_dir(workdir)
+        shutil.rmtree(os.path.join(Workdir(workdir).best_checkpoint, "2", "state"))
+        directory = Workdir(workdir).best_checkpoint
     else:
         _truncate(workdir, damaged_step)
-        directory = checkpoint_dir(workdir)
+        directory = Workdir(workdir).checkpoints
     checkpointer = Checkpointer(workdir, read_only=True)
     with pytest.raises(DamagedCheckpointError) as error:
         checkpointer.load_params(choice, _replicated_structs(_params(0)))
@@ -300,20 +299,20 @@ def test_a_best_with_damaged_parameters_is_replaced_at_the_next_validation_after
     """Its score alone is intact: a resumed run must not keep comparing with parameters it cannot load."""
     workdir = str(tmp_path / "run")
     _save_steps(workdir, (1, 2), best=2)  # Score 10.0.
-    shutil.rmtree(os.path.join(best_checkpoint_dir(workdir), "2", "state"))
+    shutil.rmtree(os.path.join(Workdir(workdir).best_checkpoint, "2", "state"))
     checkpointer = Checkpointer(workdir)
     with caplog.at_level(logging.WARNING):
         assert checkpointer.best().step == 2  # Still what 'best' names until replaced.
     [warning] = _warnings(caplog)
     assert warning == (
-        f"The checkpoint at step 2 in {best_checkpoint_dir(workdir)} is damaged: its state/ folder is missing; "
+        f"The checkpoint at step 2 in {Workdir(workdir).best_checkpoint} is damaged: its state/ folder is missing; "
         "the next validation score replaces it as the best."
     )
     checkpointer.save(_state(3), {"epoch": 0, "batch": 3})
     assert checkpointer.save_if_best(3, _params(3), 9.5)  # Lower than the damaged best's 10.0.
     assert not checkpointer.save_if_best(4, _params(4), 9.5)  # A tie keeps the earlier, as ever.
     checkpointer.wait_until_finished()
-    assert sorted(os.listdir(best_checkpoint_dir(workdir))) == ["3"]
+    assert sorted(os.listdir(Workdir(workdir).best_checkpoint)) == ["3"]
     params, selection = checkpointer.load_params("best", _replicated_structs(_params(0)))
     checkpointer.close()
     assert selection.step == 3
@@ -352,7 +351,7 @@ def test_flipped_bytes_in_any_array_file_never_pass_silently(tmp_path):
                 continue
             finally:
                 checkpointer.close()
-            shutil.rmtree(os.path.join(checkpoint_dir(workdir), "1", "integrity"))
+            shutil.rmtree(os.path.join(Workdir(workdir).checkpoints, "1", "integrity"))
             checkpointer = Checkpointer(workdir, read_only=True)
             try:
                 state, _ = checkpointer.restore(1, abstract)
@@ -373,7 +372,7 @@ def test_checkpoint_without_integrity_record_restores_with_one_warning(tmp_path,
     """Checkpoints written before fingerprints existed (no 'integrity' item) still restore, once unverified."""
     workdir = str(tmp_path / "run")
     manager = ocp.CheckpointManager(  # The layout and handlers of the previous version.
-        checkpoint_dir(workdir),
+        Workdir(workdir).checkpoints,
         item_handlers={"state": ocp.PyTreeCheckpointHandler(), "data": ocp.JsonCheckpointHandler()},
     )
     for step in (1, 2):
@@ -394,12 +393,14 @@ def test_checkpoint_without_integrity_record_restores_with_one_warning(tmp_path,
     _assert_params_equal(state.params, 2)
     _assert_params_equal(params, 1)
     [warning] = _warnings(caplog)
-    assert warning.startswith(f"The checkpoint at step 2 in {checkpoint_dir(workdir)} was saved without fingerprints")
+    assert warning.startswith(
+        f"The checkpoint at step 2 in {Workdir(workdir).checkpoints} was saved without fingerprints"
+    )
     assert "cannot be verified" in warning
     checkpointer.save(_state(3), {"epoch": 0, "batch": 3})  # New saves carry the record.
     checkpointer.wait_until_finished()
     checkpointer.close()
-    assert os.path.isdir(os.path.join(checkpoint_dir(workdir), "3", "integrity"))
+    assert os.path.isdir(os.path.join(Workdir(workdir).checkpoints, "3", "integrity"))
 
 
 def test_a_failed_read_prints_no_traceback(workdir, capfd):
@@ -434,7 +435,7 @@ def test_nonfinite_state_is_refused_and_nothing_changes(workdir):
         with pytest.raises(NonFiniteStateError, match=r"keep step 4 as the best: its validation bleu is"):
             checkpointer.save_if_best(4, _params(4), score)
     checkpointer.wait_until_finished()
-    assert checkpointer.best().step == 3 and os.listdir(best_checkpoint_dir(workdir)) == ["3"]
+    assert checkpointer.best().step == 3 and os.listdir(Workdir(workdir).best_checkpoint) == ["3"]
     checkpointer.close()
 
 
@@ -460,18 +461,18 @@ def test_cli_falls_back_past_a_damaged_latest_step(small_corpus, tmp_path):
     assert "Traceback" not in evaluated.stderr
     [warning] = [line for line in evaluated.stderr.splitlines() if "damaged" in line]
     assert warning.startswith("W") and "step 6" in warning and warning.endswith("; skipped it, using step 3.")
-    assert os.path.isdir(os.path.join(checkpoint_dir(workdir), "6"))
+    assert os.path.isdir(os.path.join(Workdir(workdir).checkpoints, "6"))
 
     # Training moves it aside, resumes from step 3 and saves a new step 6.
     resumed = run_entry_point("train.py", *common, "--config.num_train_steps=7")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "Traceback" not in resumed.stderr
-    moved = os.path.join(damaged_checkpoint_dir(workdir), "6")
+    moved = os.path.join(Workdir(workdir).damaged_checkpoints, "6")
     [warning] = [line for line in resumed.stderr.splitlines() if "damaged" in line]
     assert warning.endswith(f"; moved it to {moved} and resumed from step 3.")
     assert "Resumed from step 3" in resumed.stderr
     assert config.keep_checkpoints == 2
-    assert os.path.isdir(moved) and sorted(os.listdir(checkpoint_dir(workdir))) == ["6", "7"]
+    assert os.path.isdir(moved) and sorted(os.listdir(Workdir(workdir).checkpoints)) == ["6", "7"]
 
 
 # --- The data position: one file per process (grain's handler) --------------------------------------------
@@ -484,7 +485,7 @@ def test_data_position_is_kept_per_process_and_a_missing_one_is_the_first_proces
     checkpointer.save(_state(1), position)
     checkpointer.save(_state(2), {**position, "grain": {"parent": {"next_index": 29}, "offset": 0}})
     checkpointer.wait_until_finished()
-    data_dir = os.path.join(checkpoint_dir(workdir), "1", "data")
+    data_dir = os.path.join(Workdir(workdir).checkpoints, "1", "data")
     assert os.path.isfile(os.path.join(data_dir, "process_0-of-1.json"))
     assert checkpointer.restore(1, _abstract_state())[1] == position
 
@@ -508,7 +509,7 @@ def test_a_lost_data_position_costs_the_position_not_the_step(tmp_path, caplog, 
     """The state is intact: the run resumes from the step without its position (the batches start afresh)."""
     workdir = str(tmp_path / "run")
     _save_steps(workdir, (1, 2))
-    position_file = os.path.join(checkpoint_dir(workdir), "2", "data", "process_0-of-1.json")
+    position_file = os.path.join(Workdir(workdir).checkpoints, "2", "data", "process_0-of-1.json")
     if damage == "missing":
         os.remove(position_file)
     elif damage == "only another process's":  # Saved by this number of processes: not another count's.
@@ -527,5 +528,5 @@ def test_a_lost_data_position_costs_the_position_not_the_step(tmp_path, caplog, 
     reason = "is unreadable (" if damage in ("empty", "garbled") else "is missing"
     assert warning.startswith(f"The data position of step 2, {position_file}, {reason}")
     assert warning.endswith(": resuming without it.") and "\n" not in warning
-    assert not os.path.exists(damaged_checkpoint_dir(workdir))
-    assert sorted(os.listdir(checkpoint_dir(workdir))) == ["1", "2"]
+    assert not os.path.exists(Workdir(workdir).damaged_checkpoints)
+    assert sorted(os.listdir(Workdir(workdir).checkpoints)) == ["1", "2"]

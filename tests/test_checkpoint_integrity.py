@@ -4,7 +4,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from training.checkpoint_integrity import Summary, leaf_names
+from training.checkpoints.integrity import Summary, leaf_names
 
 
 def _mix(x: np.ndarray) -> np.ndarray:

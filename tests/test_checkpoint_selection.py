@@ -14,17 +14,17 @@ from conftest import run_entry_point, tiny_config
 from jax.sharding import NamedSharding, PartitionSpec
 
 from common.errors import UserInputError
+from common.workdir import Workdir
 from input_pipeline.tokenizer import load_tokenizer
 from models.build import make_model
-from training import loop, sharding
-from training.checkpointing import (
+from training import loop
+from training.checkpoints.checkpointer import (
     CHECKPOINT_CHOICES,
     BestScore,
     Checkpointer,
-    averaged_checkpoint_dir,
-    best_checkpoint_dir,
     save_params,
 )
+from training.runtime import sharding
 from training.state import TrainState, init_params
 
 
@@ -85,7 +85,7 @@ def test_saved_average_reads_back(workdir_with_steps, tmp_path):
     checkpointer = Checkpointer(workdir_with_steps, read_only=True)
     params, selection = checkpointer.load_params("average:2", _abstract_params())
     checkpointer.close()
-    path = averaged_checkpoint_dir(workdir_with_steps, selection.steps)
+    path = Workdir(workdir_with_steps).averaged(selection.steps)
     assert path.endswith(os.path.join("averaged", "2_4"))
 
     save_params(path, params, selection.steps)
@@ -144,7 +144,7 @@ def test_best_is_kept_apart_from_the_rotation_and_survives_a_restart(tmp_path):
     checkpointer.close()
     assert kept == [True, True, False]
     assert os.listdir(os.path.join(workdir, "checkpoints")) == ["3"]
-    assert os.listdir(best_checkpoint_dir(workdir)) == ["2"]
+    assert os.listdir(Workdir(workdir).best_checkpoint) == ["2"]
 
     restarted = Checkpointer(workdir, keep=1)
     assert restarted.best() == BestScore(step=2, value=9.0)
@@ -155,7 +155,7 @@ def test_best_is_kept_apart_from_the_rotation_and_survives_a_restart(tmp_path):
 
     assert restarted.save_if_best(5, _params(5), 9.5)
     restarted.wait_until_finished()
-    assert os.listdir(best_checkpoint_dir(workdir)) == ["5"]
+    assert os.listdir(Workdir(workdir).best_checkpoint) == ["5"]
     restarted.close()
 
 
@@ -173,7 +173,7 @@ def test_best_replaces_a_later_stale_step(tmp_path):
     assert restarted.save_if_best(4, _params(4), 11.0)  # An earlier step than the one on disk.
     restarted.wait_until_finished()
     restarted.close()
-    assert os.listdir(best_checkpoint_dir(workdir)) == ["4"]
+    assert os.listdir(Workdir(workdir).best_checkpoint) == ["4"]
     reread = Checkpointer(workdir, read_only=True)
     assert reread.best() == BestScore(step=4, value=11.0)
     params, _ = reread.load_params("best", _abstract_params())
@@ -225,7 +225,7 @@ def test_cli_evaluates_the_best_checkpoint(trained):
     best = checkpointer.best()
     checkpointer.close()
     assert best is not None and best.step in (3, 6)
-    assert os.listdir(best_checkpoint_dir(workdir)) == [str(best.step)]
+    assert os.listdir(Workdir(workdir).best_checkpoint) == [str(best.step)]
 
     result = _run_eval(config, workdir, "--checkpoint=best")
     assert result.returncode == 0, result.stderr[-3000:]

@@ -15,15 +15,15 @@ from conftest import TINY_MODEL
 from common.errors import UserInputError
 from common.special_ids import BOS_ID, EOS_ID, PAD_ID
 from configs import classify, classify_tiny
-from configs.validation import validate_config
 from input_pipeline import batching, datasets, labelled_text
 from input_pipeline.batching import LabelledIds, RaggedIds, TrainBatches
 from input_pipeline.corpus import labels_from_training, load_labels, save_labels
 from input_pipeline.tokenizer import train_tokenizer
 from models.build import make_model
 from models.classifier import Classifier, ClassifierConfig, mean_over_real_tokens
-from training import classification, classification_metrics
+from training.config_checks import validate_config
 from training.state import init_boxed_params
+from training.tasks import classification, classification_metrics
 
 NUM_CLASSES = 5
 ENCODER = dataclasses.replace(TINY_MODEL, num_decoder_layers=0)

@@ -4,13 +4,13 @@ import os
 import subprocess
 import sys
 
-from training import compilation_cache
+from training.runtime import compilation_cache
 
 # Compiles one function in a fresh process and prints how many compilations the cache answered.
 _COMPILE = """
 import sys
 import jax, jax.numpy as jnp
-from training import compilation_cache
+from training.runtime import compilation_cache
 hits = []
 jax.monitoring.register_event_listener(lambda event, **kw: hits.append(event == "/jax/compilation_cache/cache_hits"))
 compilation_cache.enable(sys.argv[1])

@@ -11,7 +11,7 @@ from conftest import REPO_ROOT
 
 from common.errors import UserInputError
 from input_pipeline.batching import ParallelIds, RaggedIds, TrainBatches, eval_batches
-from training import distributed
+from training.runtime import distributed
 
 _SLURM_TWO_TASKS = {
     "SLURM_JOB_ID": "7",
@@ -121,7 +121,7 @@ def test_a_port_in_use_on_process_0_is_one_error_line(monkeypatch):
 
 
 _JOIN_AND_REPORT = """
-from training import distributed
+from training.runtime import distributed
 import jax
 assert distributed.initialize()
 print("process", jax.process_index(), "of", jax.process_count(), "devices", jax.device_count())

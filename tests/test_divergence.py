@@ -12,10 +12,10 @@ import pytest
 from conftest import run_entry_point, tiny_config
 
 from common.errors import TrainingStopped, UserInputError
-from configs.validation import validate_config
-from training.checkpointing import best_checkpoint_dir, checkpoint_dir
+from common.workdir import Workdir
+from training.config_checks import validate_config
 from training.divergence import EXIT_STATUS, NonFiniteGuard
-from training.evaluation import nulls_for_nonfinite
+from training.reporting.scores import nulls_for_nonfinite
 
 
 def _guard(mode: str, max_in_a_row: int = 3) -> NonFiniteGuard:
@@ -96,15 +96,15 @@ def test_a_diverging_run_stops_with_one_line_and_keeps_only_finite_checkpoints(s
     assert "Traceback" not in result.stderr
     last_line = result.stderr.strip().splitlines()[-1]
     assert last_line.startswith("error: ")
-    saved = _saved_params(checkpoint_dir(workdir))
+    saved = _saved_params(Workdir(workdir).checkpoints)
     assert saved, "the steps before the first non-finite one are saved"
     for step, leaves in saved:
         assert all(np.isfinite(leaf).all() for leaf in leaves), f"step {step} holds non-finite parameters"
-    if os.path.isdir(best_checkpoint_dir(workdir)):
-        for step, leaves in _saved_params(best_checkpoint_dir(workdir)):
+    if os.path.isdir(Workdir(workdir).best_checkpoint):
+        for step, leaves in _saved_params(Workdir(workdir).best_checkpoint):
             assert all(np.isfinite(leaf).all() for leaf in leaves), f"the best, step {step}, is not finite"
     latest = saved[-1][0]
-    assert f"The last checkpoint, step {latest} in {checkpoint_dir(workdir)}, is good" in last_line
+    assert f"The last checkpoint, step {latest} in {Workdir(workdir).checkpoints}, is good" in last_line
     if mode == "stop":
         assert last_line.startswith(f"error: the loss or gradients of step {latest + 1} are not finite")
     else:  # Skipped steps leave the last good parameters, which are saved; the third in a row stops the run.

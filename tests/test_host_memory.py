@@ -1,4 +1,4 @@
-"""Tests for common/host_memory.py: the restart with an allocator, and what each does to a large buffer."""
+"""Tests for training/runtime/host_memory.py: the restart with an allocator, and what each does to a large buffer."""
 
 import os
 import subprocess
@@ -7,8 +7,8 @@ import sys
 import pytest
 from conftest import REPO_ROOT, run_entry_point
 
-from common import host_memory
 from common.errors import UserInputError
+from training.runtime import host_memory
 
 # Restarts as an entry point does, then allocates, touches and frees a buffer far above glibc's
 # largest mmap threshold (32 MiB) from a new thread, as XLA's worker threads allocate a step's
@@ -17,7 +17,7 @@ from common.errors import UserInputError
 _PROBE = """
 import ctypes, os, resource, sys, threading
 print("pid", os.getpid(), flush=True)
-from common import host_memory
+from training.runtime import host_memory
 host_memory.restart_with_allocator(sys.argv[1])
 libc = ctypes.CDLL(None)
 libc.malloc.restype = ctypes.c_void_p

@@ -448,7 +448,7 @@ def test_restored_train_batches_continue_exactly(pairs, batch_sizes):
     for k in (0, 1, 5, epoch_length - 1, epoch_length, epoch_length + 1, 2 * epoch_length):
         interrupted = TrainBatches(pairs, BOUNDARIES, batch_sizes, seed=7)
         take(interrupted, k)
-        # Saved as JSON with the checkpoint, as training/checkpointing.py does.
+        # Saved as JSON with the checkpoint, as training/checkpoints/checkpointer.py does.
         saved = json.loads(json.dumps(dataclasses.asdict(interrupted.state)))
         restored = TrainBatches(pairs, BOUNDARIES, batch_sizes, seed=7, state=IteratorState(**saved))
         for expected, actual in zip(reference[k:], take(restored, total - k), strict=True):

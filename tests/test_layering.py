@@ -1,39 +1,157 @@
-"""Dependencies flow one way: entry points -> training -> models, input_pipeline, configs -> common."""
+"""The architecture's arrows: entry points -> sweeps -> training -> models, input_pipeline -> common; configs are data.
+
+Inside `training/`, its parts form layers too: runtime and reporting at the bottom, then the
+core (state, optimizer, losses, steps), checkpoints, tasks, loading a trained model, and the
+loop on top. Every import counts, at module level or inside a function, so no function-local
+import can hide an arrow that points up, and the project's import graph has no cycle.
+"""
 
 import ast
 import pathlib
+import subprocess
+import sys
 
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-# What each package may import from the project (besides itself).
-ALLOWED = {
+PACKAGES = ("common", "configs", "models", "input_pipeline", "training", "sweeps")
+ENTRY_POINTS = ("train", "translate", "classify", "sweep")
+
+# Each part of the project and the parts below it that it may import (besides itself).
+_BELOW = {
     "common": set(),
+    "configs": {"common"},  # Sweep definitions share one dataclass and its errors.
     "models": {"common"},
     "input_pipeline": {"common"},
-    "configs": {"common", "models", "input_pipeline"},
-    "training": {"common", "models", "input_pipeline", "configs"},
+    "training.runtime": {"common", "input_pipeline"},
+    "training.reporting": {"common", "models", "input_pipeline"},
+    "training.core": {"common", "models", "input_pipeline", "training.runtime", "training.reporting"},
+    "training.checkpoints": {"common", "training.runtime", "training.core"},
+    "training.tasks": {
+        "common",
+        "models",
+        "input_pipeline",
+        "training.runtime",
+        "training.reporting",
+        "training.core",
+    },
+    "training.inference": {
+        "common",
+        "models",
+        "input_pipeline",
+        "training.runtime",
+        "training.reporting",
+        "training.core",
+        "training.checkpoints",
+        "training.tasks",
+    },
+    "training.loop": {
+        "common",
+        "models",
+        "input_pipeline",
+        "training.runtime",
+        "training.reporting",
+        "training.core",
+        "training.checkpoints",
+        "training.tasks",
+        "training.inference",
+    },
+    # The sweep runner starts train.py processes and reads what they write: no JAX.
+    "sweeps": {"common", "configs", "training.reporting"},
 }
+_TRAINING_PARTS = ("runtime", "reporting", "checkpoints", "tasks", "inference", "loop")
 
 
-def _project_imports(path: pathlib.Path) -> set[str]:
-    """The top-level project packages `path` imports, at module level or inside functions."""
+def _module_name(path: pathlib.Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _part(module: str) -> str | None:
+    """The layer `module` belongs to (a key of _BELOW), or None outside the packages."""
+    top, _, rest = module.partition(".")
+    if top != "training":
+        return top if top in PACKAGES else None
+    head = rest.split(".")[0]
+    return f"training.{head}" if head in _TRAINING_PARTS else "training.core"
+
+
+def _imports(path: pathlib.Path) -> set[str]:
+    """The project modules (or packages) `path` imports, at module level or inside functions."""
     names = set()
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
         if isinstance(node, ast.Import):
-            names.update(alias.name.split(".")[0] for alias in node.names)
+            names.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            names.add(node.module.split(".")[0])
-    return names & set(ALLOWED)
+            for alias in node.names:  # `from training import loop` imports the module training.loop.
+                submodule = f"{node.module}.{alias.name}"
+                names.add(submodule if _is_module(submodule) else node.module)
+    return {name for name in names if name.split(".")[0] in PACKAGES}
 
 
-@pytest.mark.parametrize("package", sorted(ALLOWED))
-def test_package_imports_only_the_layers_below(package):
-    files = sorted((ROOT / package).rglob("*.py"))
-    assert files
+def _is_module(name: str) -> bool:
+    path = ROOT.joinpath(*name.split("."))
+    return path.with_suffix(".py").exists() or (path / "__init__.py").exists()
+
+
+def _project_files() -> list[pathlib.Path]:
+    files = [path for package in PACKAGES for path in sorted((ROOT / package).rglob("*.py"))]
+    return files + [ROOT / f"{name}.py" for name in ENTRY_POINTS]
+
+
+def _graph() -> dict[str, set[str]]:
+    """module -> the project modules it imports (names that are not modules, like classes, dropped)."""
+    files = _project_files()
+    modules = {_module_name(path) for path in files}
+    return {_module_name(path): {name for name in _imports(path) if name in modules} for path in files}
+
+
+@pytest.mark.parametrize("part", sorted(_BELOW))
+def test_each_part_imports_only_the_layers_below(part):
+    graph = _graph()
+    members = [module for module in graph if _part(module) == part]
+    assert members, part
     wrong = {
-        str(path.relative_to(ROOT)): sorted(imports - ALLOWED[package] - {package})
-        for path in files
-        if (imports := _project_imports(path)) - ALLOWED[package] - {package}
+        module: sorted(imported)
+        for module in members
+        if (imported := {_part(name) for name in graph[module]} - _BELOW[part] - {part})
     }
-    assert not wrong, f"{package}/ imports layers above it: {wrong}"
+    assert not wrong, f"{part} imports layers above it: {wrong}"
+
+
+def test_the_project_imports_have_no_cycle():
+    graph = _graph()
+    done, on_path = set(), []
+
+    def visit(module):
+        if module in on_path:
+            raise AssertionError("import cycle: " + " -> ".join(on_path[on_path.index(module) :] + [module]))
+        if module in done:
+            return
+        on_path.append(module)
+        for imported in sorted(graph[module]):
+            visit(imported)
+        on_path.pop()
+        done.add(module)
+
+    for module in sorted(graph):
+        visit(module)
+
+
+def test_every_package_says_what_it_owns_in_its_docstring():
+    for init in sorted(ROOT.glob("**/__init__.py")):
+        if ".venv" in init.parts or "tests" in init.parts:
+            continue
+        docstring = ast.get_docstring(ast.parse(init.read_text(encoding="utf-8")))
+        assert docstring and len(docstring.splitlines()[0]) > 20, f"{init.relative_to(ROOT)} needs a docstring"
+
+
+def test_configs_and_the_sweep_runner_import_no_jax():
+    code = (
+        "import sys\n"
+        "import configs.default, configs.quickstart, configs.tiny, configs.classify, configs.sweeps.table3\n"
+        "import sweeps.runner, sweeps.report, sweep\n"
+        "heavy = sorted(name for name in ('jax', 'flax', 'tensorflow', 'orbax') if name in sys.modules)\n"
+        "assert not heavy, heavy\n"
+    )
+    subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True)

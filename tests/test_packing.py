@@ -18,9 +18,10 @@ from models.attention import segment_mask
 from models.build import make_model
 from models.embeddings import PositionalEncoding, sinusoidal_positions
 from models.transformer import shift_right_per_segment
-from training import loop, sharding
+from training import loop
 from training.losses import smoothed_cross_entropy
 from training.optimizer import make_optimizer
+from training.runtime import sharding
 from training.steps import compile_train_step, translation_loss
 
 # Without dropout, so that packed and unpacked rows run the same function.

@@ -29,7 +29,7 @@ from models.transformer import Decoder, DecoderLayer, Encoder, EncoderLayer, Fee
 from training.optimizer import make_optimizer
 from training.state import create_train_state
 from training.steps import train_step
-from training.translation import TranslationTask
+from training.tasks.translation import TranslationTask
 
 # Pad 0 trails the real tokens; every sequence ends with eos 3.
 INPUTS = jnp.array([[5, 6, 7, 8, 3, 0], [9, 10, 3, 0, 0, 0]], dtype=jnp.int32)

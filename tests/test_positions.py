@@ -29,13 +29,13 @@ from test_packing import (
 from tolerances import loss_rtol, rounding_tolerance, transformer_operations
 
 from common.errors import UserInputError
-from configs.validation import validate_config
 from models import Classifier, ClassifierConfig, Transformer
 from models.attention import MultiHeadAttention, causal_mask, dot_product_attention, segment_mask
 from models.build import make_model
 from models.decoding import beam_search, decoding_memory_bytes, greedy_decode
 from models.positions import RelativeTerms, relative_distances, rotate
-from training import attention_maps
+from training.config_checks import validate_config
+from training.reporting import attention_maps
 
 BOS, EOS, PAD = 2, 3, 0
 # The model variants under test: relative with a small clip (so that clipping happens in

@@ -19,9 +19,10 @@ from test_multi_host import _read, _start_processes, _train_args, _wait_all
 from test_train_loop import _best, _restore
 
 from common.errors import TrainingStopped
-from training import loop, metric_log
+from training import loop
 from training.preemption import StopSignals, exit_status
-from training.translation import TranslationTask
+from training.reporting import metric_log
+from training.tasks.translation import TranslationTask
 
 _STOPPED = re.compile(  # The one line a stopped run prints: (signal, step, checkpoint folder).
     r"^Stopped by (\S+|a stop signal to one of the processes) after step (\d+), saved in (\S+); "

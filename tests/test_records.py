@@ -16,8 +16,9 @@ from conftest import tiny_config, write_corpus_slice
 from tensorflow_datasets.proto import tf_example_pb2
 
 from common.errors import UserInputError
+from common.workdir import Workdir
 from input_pipeline import datasets
-from input_pipeline.corpus import TOKENIZER_FILE, load_corpus
+from input_pipeline.corpus import load_corpus
 from input_pipeline.parallel_text import read_lines
 from input_pipeline.record_source import ArrayRecordSource, encode_text_example
 
@@ -232,7 +233,7 @@ def test_corpus_keeps_train_on_disk_and_tokenizes_the_evaluation_splits(tmp_path
     workdir = str(tmp_path / "work")
     corpus = load_corpus(config, workdir, SPLITS, allow_training_tokenizer=True)
 
-    assert corpus.tokenizer_path == os.path.join(workdir, TOKENIZER_FILE) and os.path.isfile(corpus.tokenizer_path)
+    assert corpus.tokenizer_path == Workdir(workdir).tokenizer and os.path.isfile(corpus.tokenizer_path)
     assert (corpus.source_lang, corpus.target_lang) == LANGS
     assert record_pairs(corpus.train_records) == file_pairs(corpus_dir, "train")
     assert sorted(corpus.text) == sorted(corpus.ids) == ["test", "valid"]  # No train text or ids.

@@ -22,9 +22,11 @@ import pytest
 from conftest import REPO_ROOT, entry_point_env
 
 from common.errors import UserInputError
+from common.workdir import Workdir
 from configs.sweeps import Paper, Variant, config_for, table3
-from configs.validation import validate_config
-from training import metric_log, sweep, sweep_plots, sweep_report
+from sweeps import plots, report, runner
+from training.config_checks import validate_config
+from training.reporting import metric_log
 
 _STEPS = 40
 
@@ -77,7 +79,7 @@ def _mtimes(root: str) -> dict[str, float]:
     found = {}
     for folder, _, files in os.walk(root):
         for name in files:
-            if name in ("scores.json", sweep.LOG_NAME):
+            if name in ("scores.json", runner.LOG_NAME):
                 path = os.path.join(folder, name)
                 found[os.path.relpath(path, root)] = os.path.getmtime(path)
     return found
@@ -136,7 +138,7 @@ def swept(small_corpus, tmp_path_factory):
 
 
 def _read_log(root: str, run: str) -> str:
-    with open(os.path.join(root, run, sweep.LOG_NAME), encoding="utf-8", errors="replace") as f:
+    with open(os.path.join(root, run, runner.LOG_NAME), encoding="utf-8", errors="replace") as f:
         return f.read()
 
 
@@ -185,7 +187,7 @@ def test_a_stopped_run_resumes_from_its_checkpoint_and_finished_runs_are_skipped
     after_full, after_again = swept["mtimes_after_full"], swept["mtimes_after_again"]
     unchanged = {path: t for path, t in after_full.items() if not path.startswith("heads_3")}
     assert sum(path.endswith("scores.json") for path in unchanged) == 4
-    assert sum(path.endswith(sweep.LOG_NAME) for path in unchanged) == 3  # wide/seed_1 was run by hand.
+    assert sum(path.endswith(runner.LOG_NAME) for path in unchanged) == 3  # wide/seed_1 was run by hand.
     assert {path: after_again[path] for path in unchanged} == unchanged
 
 
@@ -194,7 +196,7 @@ def test_a_failing_run_is_named_with_its_log_and_the_others_still_run(swept):
     full = swept["full"]
     assert full.returncode == 1
     for seed in (0, 1):
-        log = os.path.join(swept["root"], "heads_3", f"seed_{seed}", sweep.LOG_NAME)
+        log = os.path.join(swept["root"], "heads_3", f"seed_{seed}", runner.LOG_NAME)
         failure = next(line for line in full.stderr.splitlines() if line.startswith(f"FAILED heads_3/seed_{seed}"))
         assert "exit status 2" in failure and "num_heads" in failure and f"log: {log}" in failure
     for run in ("base/seed_0", "base/seed_1", "wide/seed_0", "wide/seed_1"):  # wide/seed_* come after heads_3.
@@ -245,36 +247,36 @@ def test_results_are_the_mean_and_std_of_the_runs_scores(swept):
 
 
 def test_valid_curves_mark_evaluation_steps_on_the_x_axis():
-    assert sweep_plots.evaluation_ticks([300, 600, 900]) == [300, 600, 900]
+    assert plots.evaluation_ticks([300, 600, 900]) == [300, 600, 900]
     many = list(range(250, 10_001, 250))  # 40 evaluations.
-    ticks = sweep_plots.evaluation_ticks(many)
+    ticks = plots.evaluation_ticks(many)
     assert len(ticks) <= 12 and set(ticks) <= set(many) and ticks[-1] == 10_000
     assert len(set(np.diff(ticks))) == 1  # Evenly spaced.
 
 
 def test_estimate_is_the_mean_and_sample_std_of_the_values_present():
-    value = sweep_report.estimate([20.0, None, 22.0, 21.0])
+    value = report.estimate([20.0, None, 22.0, 21.0])
     assert (value.mean, value.std, value.n) == (21.0, 1.0, 3)
-    single = sweep_report.estimate([20.5])
+    single = report.estimate([20.5])
     assert (single.mean, single.std, single.n) == (20.5, None, 1)
-    assert sweep_report.estimate([None]) is None
+    assert report.estimate([None]) is None
 
 
 def test_format_estimate_says_n_when_fewer_seeds_finished_than_planned():
-    fmt = sweep_report.format_estimate
-    assert fmt(sweep_report.Estimate(20.186, 0.3149, 3), 2, 3) == "20.19 ± 0.31"
-    assert fmt(sweep_report.Estimate(20.186, 0.3149, 2), 2, 3) == "20.19 ± 0.31 (n=2)"
-    assert fmt(sweep_report.Estimate(20.186, None, 1), 2, 3) == "20.19 (n=1)"
-    assert fmt(sweep_report.Estimate(0.52, 0.2, 3), 2, 3, signed=True) == "+0.52 ± 0.20"
-    assert fmt(sweep_report.Estimate(-1.5, 0.25, 3), 1, 3, signed=True) == "-1.5 ± 0.2"
+    fmt = report.format_estimate
+    assert fmt(report.Estimate(20.186, 0.3149, 3), 2, 3) == "20.19 ± 0.31"
+    assert fmt(report.Estimate(20.186, 0.3149, 2), 2, 3) == "20.19 ± 0.31 (n=2)"
+    assert fmt(report.Estimate(20.186, None, 1), 2, 3) == "20.19 (n=1)"
+    assert fmt(report.Estimate(0.52, 0.2, 3), 2, 3, signed=True) == "+0.52 ± 0.20"
+    assert fmt(report.Estimate(-1.5, 0.25, 3), 1, 3, signed=True) == "-1.5 ± 0.2"
     assert fmt(None, 2, 3) == "–"
 
 
 def test_the_difference_to_the_base_pairs_runs_of_the_same_seed():
-    difference = sweep_report.paired_difference({0: 21.0, 1: 23.0, 2: 20.0}, {0: 20.0, 1: 21.0, 3: 30.0})
+    difference = report.paired_difference({0: 21.0, 1: 23.0, 2: 20.0}, {0: 20.0, 1: 21.0, 3: 30.0})
     assert (difference.mean, difference.n) == (1.5, 2)  # Seeds 0 and 1 only.
     assert difference.std == pytest.approx(math.sqrt(0.5))
-    assert sweep_report.paired_difference({0: 21.0}, {1: 20.0}) is None
+    assert report.paired_difference({0: 21.0}, {1: 20.0}) is None
 
 
 def _write_scores(workdir, step, checkpoint=None, decoding="greedy", **fields):
@@ -288,23 +290,23 @@ def test_a_run_is_finished_when_its_final_scores_are_for_the_configs_last_step(t
     config = table3.get_config("base")
     assert config.eval.beam_size == 1 and config.eval.temperature == 0  # Greedy, as _write_scores says.
     steps = config.num_train_steps
-    assert not sweep.is_finished(config, str(tmp_path / "empty"))
+    assert not runner.is_finished(config, str(tmp_path / "empty"))
     _write_scores(str(tmp_path / "done"), steps)
-    assert sweep.is_finished(config, str(tmp_path / "done"))
+    assert runner.is_finished(config, str(tmp_path / "done"))
     _write_scores(str(tmp_path / "shorter"), steps // 2)  # The sweep file now asks for more.
-    assert not sweep.is_finished(config, str(tmp_path / "shorter"))
+    assert not runner.is_finished(config, str(tmp_path / "shorter"))
     # A later `train.py --mode=eval` wrote over the run's own evaluation: not the scores the table compares.
     _write_scores(str(tmp_path / "beam"), steps, decoding="beam 4, alpha 0.6")
-    assert not sweep.is_finished(config, str(tmp_path / "beam"))
+    assert not runner.is_finished(config, str(tmp_path / "beam"))
     _write_scores(str(tmp_path / "best"), steps, checkpoint=f"best (step {steps // 2}, valid BLEU 9.00)")
-    assert not sweep.is_finished(config, str(tmp_path / "best"))
+    assert not runner.is_finished(config, str(tmp_path / "best"))
     _write_scores(str(tmp_path / "same_length"), steps, max_decode_length=config.eval.max_decode_length)
-    assert sweep.is_finished(config, str(tmp_path / "same_length"))
+    assert runner.is_finished(config, str(tmp_path / "same_length"))
     _write_scores(str(tmp_path / "shorter_outputs"), steps, max_decode_length=3)  # A later `--mode=eval`.
-    assert not sweep.is_finished(config, str(tmp_path / "shorter_outputs"))
+    assert not runner.is_finished(config, str(tmp_path / "shorter_outputs"))
     os.makedirs(tmp_path / "cut" / "eval" / "test")
     (tmp_path / "cut" / "eval" / "test" / "scores.json").write_text('{"step": 4', encoding="utf-8")
-    assert not sweep.is_finished(config, str(tmp_path / "cut"))
+    assert not runner.is_finished(config, str(tmp_path / "cut"))
 
 
 def test_a_full_disk_under_the_root_is_one_line(tmp_path):
@@ -318,20 +320,20 @@ def test_a_full_disk_under_the_root_is_one_line(tmp_path):
 
 
 def test_seeds_present_counts_every_seed_folder_of_the_variants(tmp_path):
-    assert sweep.seeds_present(str(tmp_path), ["base", "heads_1"]) == 0
+    assert runner.seeds_present(str(tmp_path), ["base", "heads_1"]) == 0
     for folder in ("base/seed_0", "base/seed_4", "heads_1/seed_2", "heads_1/notes", "other/seed_9"):
         os.makedirs(tmp_path / folder)
-    assert sweep.seeds_present(str(tmp_path), ["base", "heads_1"]) == 5  # seed_0 ... seed_4; 'other' is not asked.
+    assert runner.seeds_present(str(tmp_path), ["base", "heads_1"]) == 5  # seed_0 ... seed_4; 'other' is not asked.
 
 
 def test_a_failed_run_is_explained_by_its_last_attempt_only(tmp_path):
-    log = tmp_path / sweep.LOG_NAME
+    log = tmp_path / runner.LOG_NAME
     log.write_text(
         "# sweep.py, 2026-11-22T10:00:00+00:00: train.py ...\nerror: No space left on device\n"
         "# sweep.py, 2026-11-23T10:00:00+00:00: train.py ...\nstep 3\nKilled\n",
         encoding="utf-8",
     )
-    assert sweep._last_error(str(log)) == "Killed"  # pylint: disable=protected-access
+    assert runner._last_error(str(log)) == "Killed"  # pylint: disable=protected-access
 
 
 def test_metric_log_keeps_the_last_value_of_each_metric_per_step(tmp_path):
@@ -342,7 +344,7 @@ def test_metric_log_keeps_the_last_value_of_each_metric_per_step(tmp_path):
     metric_log.append(workdir, "train", 10, {"num_params": 1000})  # ...resumed from step 10...
     metric_log.append(workdir, "train", 20, {"loss": 4.5, "seconds": 3.0})  # ...which repeats step 20.
     metric_log.append(workdir, "train", 30, {"loss": float("nan"), "seconds": 1.0})
-    with open(metric_log.path(workdir, "train"), "a", encoding="utf-8") as f:
+    with open(Workdir(workdir).metrics("train"), "a", encoding="utf-8") as f:
         f.write('{"step": 40, "lo')  # Cut short.
     assert metric_log.read(workdir, "train") == {
         0: {"num_params": 1000},
@@ -354,16 +356,16 @@ def test_metric_log_keeps_the_last_value_of_each_metric_per_step(tmp_path):
 
 
 def test_runs_go_seed_by_seed_in_the_sweeps_order(tmp_path):
-    runs = sweep.plan_runs(str(tmp_path), ["base", "heads_1"], 2)
+    runs = runner.plan_runs(str(tmp_path), ["base", "heads_1"], 2)
     assert [run.label for run in runs] == ["base/seed_0", "heads_1/seed_0", "base/seed_1", "heads_1/seed_1"]
     assert runs[3].workdir == str(tmp_path / "heads_1" / "seed_1")
 
 
 def test_only_takes_variants_in_the_sweeps_order_and_names_a_missing_one():
-    loaded = sweep.load_sweep(os.path.join(REPO_ROOT, "configs", "sweeps", "table3.py"))
-    assert sweep.select_variants(loaded, ["post_ln", "base"]) == ["base", "post_ln"]
+    loaded = runner.load_sweep(os.path.join(REPO_ROOT, "configs", "sweeps", "table3.py"))
+    assert runner.select_variants(loaded, ["post_ln", "base"]) == ["base", "post_ln"]
     with pytest.raises(UserInputError, match="No variant 'heads_99'.*its variants: base, heads_1"):
-        sweep.select_variants(loaded, ["heads_99"])
+        runner.select_variants(loaded, ["heads_99"])
 
 
 def test_a_variant_of_a_field_the_config_lacks_is_refused():
@@ -380,7 +382,7 @@ def test_a_variant_of_a_field_the_config_lacks_is_refused():
 
 
 def test_table3_has_the_base_first_and_every_row_of_the_issue():
-    loaded = sweep.load_sweep(os.path.join(REPO_ROOT, "configs", "sweeps", "table3.py"))
+    loaded = runner.load_sweep(os.path.join(REPO_ROOT, "configs", "sweeps", "table3.py"))
     assert loaded.names()[0] == "base" and len(loaded.names()) >= 10
     groups = {variant.group[:3] for variant in loaded.variants}
     assert {"(A)", "(B)", "(C)", "(D)", "(E)", "(F)", "(G)", "(H)"} <= groups
@@ -407,9 +409,9 @@ def test_a_file_without_variants_is_not_a_sweep(tmp_path):
     path = tmp_path / "plain.py"
     path.write_text("def get_config():\n    return None\n", encoding="utf-8")
     with pytest.raises(UserInputError, match="is not a sweep file"):
-        sweep.load_sweep(str(path))
+        runner.load_sweep(str(path))
     with pytest.raises(UserInputError, match="No sweep file"):
-        sweep.load_sweep(str(tmp_path / "missing.py"))
+        runner.load_sweep(str(tmp_path / "missing.py"))
     path.write_text(
         textwrap.dedent("""
         from configs.sweeps import Variant
@@ -420,22 +422,22 @@ def test_a_file_without_variants_is_not_a_sweep(tmp_path):
         encoding="utf-8",
     )
     with pytest.raises(UserInputError, match="must be letters"):
-        sweep.load_sweep(str(path))
+        runner.load_sweep(str(path))
     path.write_text("VARIANTS = (('base', 'x', 'y'),)\ndef get_config(v='base'):\n    return None\n", encoding="utf-8")
     with pytest.raises(UserInputError, match="is not a sweep file"):  # Tuples, not Variants.
-        sweep.load_sweep(str(path))
+        runner.load_sweep(str(path))
     path.write_text(
         "from configs.sweeps import Variant\nVARIANTS = (Variant('base', 'x', 'y'),)\n"
         "def get_config():\n    return None\n",
         encoding="utf-8",
     )
     with pytest.raises(UserInputError, match="get_config must take the variant's name"):
-        sweep.load_sweep(str(path))
+        runner.load_sweep(str(path))
     folder = tmp_path / "sweeps:v2"  # ml_collections would read '--config=<path>' up to the ':' only.
     folder.mkdir()
     (folder / "table.py").write_text("", encoding="utf-8")
     with pytest.raises(UserInputError, match=r"holds a ':', which train.py cannot read; rename"):
-        sweep.load_sweep(str(folder / "table.py"))
+        runner.load_sweep(str(folder / "table.py"))
 
 
 def test_unused_paper_fields_default_to_none():
@@ -454,9 +456,9 @@ def test_the_dry_run_leaves_out_finished_runs_and_names_those_whose_config_canno
         """),
         encoding="utf-8",
     )
-    loaded = sweep.load_sweep(str(path))
-    runs = sweep.plan_runs(str(tmp_path / "runs"), loaded.names(), 2)
-    lines, unbuildable = sweep.pending_commands(loaded, runs)
+    loaded = runner.load_sweep(str(path))
+    runs = runner.plan_runs(str(tmp_path / "runs"), loaded.names(), 2)
+    lines, unbuildable = runner.pending_commands(loaded, runs)
     assert [shlex.split(line)[2:4] for line in lines] == [
         [f"--config={path}:base", "--config.seed=0"],
         [f"--config={path}:base", "--config.seed=1"],
@@ -466,9 +468,9 @@ def test_the_dry_run_leaves_out_finished_runs_and_names_those_whose_config_canno
         ("typo/seed_1", True),
     ]
     _write_scores(runs[0].workdir, loaded.get_config("base").num_train_steps)
-    assert [shlex.split(line)[3] for line in sweep.pending_commands(loaded, runs)[0]] == ["--config.seed=1"]
+    assert [shlex.split(line)[3] for line in runner.pending_commands(loaded, runs)[0]] == ["--config.seed=1"]
     # Collecting lists the runs that cannot have run as unfinished (base/seed_0 lacks its metric logs: no numbers).
-    _, unfinished = sweep_report.collect(loaded, str(tmp_path / "runs"), runs)
+    _, unfinished = report.collect(loaded, str(tmp_path / "runs"), runs)
     assert [run.label for run in unfinished] == ["typo/seed_0", "base/seed_1", "typo/seed_1"]
     assert "- typo/seed_1:" in (tmp_path / "runs" / "results.md").read_text(encoding="utf-8")
 
@@ -490,7 +492,7 @@ def _write_sweep(path, dropout: float, log_every_steps: int = 100, beam_size: in
         """),
         encoding="utf-8",
     )
-    return sweep.load_sweep(str(path))
+    return runner.load_sweep(str(path))
 
 
 def test_a_run_trained_with_another_config_than_the_sweep_files_fails_and_is_not_counted(tmp_path):
@@ -498,32 +500,32 @@ def test_a_run_trained_with_another_config_than_the_sweep_files_fails_and_is_not
 
     path = tmp_path / "edited_sweep.py"
     loaded = _write_sweep(path, dropout=0.3)
-    runs = sweep.plan_runs(str(tmp_path / "runs"), loaded.names(), 2)  # base/0, drop/0, base/1, drop/1
+    runs = runner.plan_runs(str(tmp_path / "runs"), loaded.names(), 2)  # base/0, drop/0, base/1, drop/1
     for run in runs[:3]:  # Trained and evaluated as the file was then: base/0, drop/0, base/1.
         trained = loaded.get_config(run.variant)
         trained.seed = run.seed  # As train.py's --config.seed sets it.
         os.makedirs(run.workdir)
         save_config(trained, run.workdir)
         _write_scores(run.workdir, loaded.run_config(run).num_train_steps)
-    assert [sweep.config_changes(loaded.run_config(run), run.workdir) for run in runs] == [[], [], [], []]
-    assert all(sweep.is_finished(loaded.run_config(run), run.workdir) for run in runs[:3])
+    assert [runner.config_changes(loaded.run_config(run), run.workdir) for run in runs] == [[], [], [], []]
+    assert all(runner.is_finished(loaded.run_config(run), run.workdir) for run in runs[:3])
 
     # Edited: dropout 0.3 -> 0.5 in one variant; logging and decoding elsewhere, which change no training.
     edited = _write_sweep(path, dropout=0.5, log_every_steps=10, beam_size=4)
     base, drop = runs[:2]
-    assert sweep.config_changes(edited.run_config(base), base.workdir) == []
-    assert sweep.config_changes(edited.run_config(drop), drop.workdir) == ["model.dropout_rate: 0.3 → 0.5"]
-    assert not sweep.is_finished(edited.run_config(drop), drop.workdir)
+    assert runner.config_changes(edited.run_config(base), base.workdir) == []
+    assert runner.config_changes(edited.run_config(drop), drop.workdir) == ["model.dropout_rate: 0.3 → 0.5"]
+    assert not runner.is_finished(edited.run_config(drop), drop.workdir)
     longer, shorter, resharded = (loaded.run_config(base) for _ in range(3))
     longer.num_train_steps += 1  # Resumes.
     shorter.num_train_steps -= 1  # Its last step is past.
     resharded.mesh.tensor = 2  # Fewer batch shards: another global batch.
-    assert sweep.config_changes(longer, base.workdir) == []
+    assert runner.config_changes(longer, base.workdir) == []
     steps = shorter.num_train_steps
-    assert sweep.config_changes(shorter, base.workdir) == [f"num_train_steps: {steps + 1} → {steps}"]
-    assert sweep.config_changes(resharded, base.workdir) == ["mesh.tensor: 1 → 2"]
+    assert runner.config_changes(shorter, base.workdir) == [f"num_train_steps: {steps + 1} → {steps}"]
+    assert runner.config_changes(resharded, base.workdir) == ["mesh.tensor: 1 → 2"]
     # The checkout moved: the same bundled file under another folder is no change; another corpus is.
-    bundled = os.path.join(sweep.REPOSITORY, "data", "libreoffice_help_en_de")
+    bundled = os.path.join(runner.REPOSITORY, "data", "libreoffice_help_en_de")
     for saved, now, changed in (
         ("/old/checkout/data/libreoffice_help_en_de", bundled, False),
         ("/old/checkout/data/other_corpus", bundled, True),
@@ -532,12 +534,12 @@ def test_a_run_trained_with_another_config_than_the_sweep_files_fails_and_is_not
         started, resumed = loaded.run_config(base), loaded.run_config(base)
         started.dataset.path, resumed.dataset.path = saved, now
         save_config(started, base.workdir)
-        assert sweep.config_changes(resumed, base.workdir) == (
+        assert runner.config_changes(resumed, base.workdir) == (
             [f"dataset.path: {saved!r} → {now!r}"] if changed else []
         )
     save_config(loaded.run_config(base), base.workdir)
 
-    lines, left_out = sweep.pending_commands(edited, runs)
+    lines, left_out = runner.pending_commands(edited, runs)
     assert [shlex.split(line)[2:4] for line in lines] == [  # base/seed_0 is evaluated again: beam 4 now.
         [f"--config={path}:base", "--config.seed=0"],
         [f"--config={path}:base", "--config.seed=1"],
@@ -551,19 +553,19 @@ def test_a_run_trained_with_another_config_than_the_sweep_files_fails_and_is_not
         )
     ]
     echoed = []
-    outcome = sweep.run_all(edited, [drop], echo=echoed.append)  # Fails at once: nothing is trained.
+    outcome = runner.run_all(edited, [drop], echo=echoed.append)  # Fails at once: nothing is trained.
     assert outcome.failed == left_out and not outcome.finished and not outcome.skipped
     assert echoed == [f"[1/1] drop/seed_0: FAILED, {left_out[0][1]}"]
-    assert not os.path.exists(os.path.join(drop.workdir, sweep.LOG_NAME))
-    sweep_report.collect(edited, str(tmp_path / "runs"), runs)
+    assert not os.path.exists(os.path.join(drop.workdir, runner.LOG_NAME))
+    report.collect(edited, str(tmp_path / "runs"), runs)
     results_md = (tmp_path / "runs" / "results.md").read_text(encoding="utf-8")
     assert f"- drop/seed_0: {drop.workdir} (trained with another config: model.dropout_rate: 0.3 → 0.5)" in results_md
 
 
 def _result(variant, seed, bleu, perplexity, seconds=120.0):
-    run = sweep.Run(variant, seed, f"/runs/{variant}/seed_{seed}")
+    run = runner.Run(variant, seed, f"/runs/{variant}/seed_{seed}")
     curve = {100: 2 * perplexity, 200: perplexity}
-    return sweep_report.RunResult(run, 200, 1000, seconds, perplexity, curve, bleu, 40.0, "signature", "greedy")
+    return report.RunResult(run, 200, 1000, seconds, perplexity, curve, bleu, 40.0, "signature", "greedy")
 
 
 def test_summaries_estimate_each_variant_and_pair_its_seeds_with_the_base():
@@ -573,7 +575,7 @@ def test_summaries_estimate_each_variant_and_pair_its_seeds_with_the_base():
         _result("base", 1, 12.0, 40.0, seconds=180.0),
         _result("more", 1, 13.0, 38.0),  # Seed 0 did not finish.
     ]
-    base, more, none = sweep_report.summarize(variants, results, {"base": 2, "more": 2, "none": 2})
+    base, more, none = report.summarize(variants, results, {"base": 2, "more": 2, "none": 2})
     assert (base.estimates["test_bleu"].mean, base.estimates["test_bleu"].std) == (11.0, math.sqrt(2))
     assert base.estimates["train_minutes"].mean == pytest.approx(2.5)
     assert base.differences["test_bleu"] is None
@@ -593,7 +595,7 @@ def test_the_run_in_progress_is_stopped_when_the_sweep_is_killed(tmp_path):
     sweep_process = (  # Starts it as the sweep starts train.py, then waits.
         "import functools, os, subprocess, sys, time; from training import sweep; "
         f"subprocess.Popen([sys.executable, '-c', {train!r}], start_new_session=True, "
-        "preexec_fn=functools.partial(sweep._stop_when_parent_dies, os.getpid())); time.sleep(120)"
+        "preexec_fn=functools.partial(runner._stop_when_parent_dies, os.getpid())); time.sleep(120)"
     )
     process = subprocess.Popen(
         [sys.executable, "-c", sweep_process], cwd=REPO_ROOT, env=entry_point_env(), stdout=subprocess.PIPE

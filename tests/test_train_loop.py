@@ -10,9 +10,10 @@ from conftest import run_entry_point, tiny_config
 
 from input_pipeline.tokenizer import load_tokenizer
 from models.build import make_model
-from training import loop, sharding
-from training.checkpointing import Checkpointer
+from training import loop
+from training.checkpoints.checkpointer import Checkpointer
 from training.optimizer import make_optimizer
+from training.runtime import sharding
 
 pytestmark = pytest.mark.slow
 

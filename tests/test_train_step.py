@@ -10,8 +10,9 @@ from tolerances import loss_rtol
 
 from configs import default
 from models.build import make_model
-from training import loop, sharding
+from training import loop
 from training.optimizer import make_optimizer, rsqrt_schedule
+from training.runtime import sharding
 from training.state import create_train_state
 from training.steps import compile_train_step, eval_step, train_step, translation_loss
 

@@ -21,12 +21,12 @@ from test_bad_input import assert_clean_failure, snapshot
 
 from common import io_errors
 from common.errors import UserInputError
-from configs.validation import validate_config
 from input_pipeline import tokenizer as tokenizer_lib
 from input_pipeline.parallel_text import decode_lines
 from models import Transformer
 from models.decoding import decoding_memory_bytes
-from training import metric_log
+from training.config_checks import validate_config
+from training.reporting import metric_log
 from training.state import init_params
 
 # The message Orbax raised (from TensorStore) when a checkpoint save filled a tmpfs, as it was.
@@ -317,7 +317,7 @@ import sys
 import numpy as np
 from matplotlib.figure import Figure
 from common import io_errors
-from training.metrics_writer import MetricWriter
+from training.reporting.metrics_writer import MetricWriter
 
 writer = MetricWriter(sys.argv[1], "eval")
 writer.write(1, {"loss": 2.5})

@@ -12,12 +12,12 @@ from conftest import REPO_ROOT, entry_point_env, run_entry_point
 from test_bad_input import assert_clean_failure, snapshot
 
 from common.errors import UserInputError
-from training.workdir import LOCK_FILE, training_lock
+from common.workdir import Workdir, training_lock
 
 # Holds the lock of sys.argv[1] until killed.
 _HOLD_LOCK = """
 import sys, time
-from training.workdir import training_lock
+from common.workdir import training_lock
 with training_lock(sys.argv[1]):
     print("locked", flush=True)
     time.sleep(600)
@@ -35,7 +35,7 @@ def start_lock_holder(workdir: str) -> subprocess.Popen:
 def test_second_lock_names_the_holder(tmp_path):
     workdir = str(tmp_path / "run")
     with training_lock(workdir):
-        with open(os.path.join(workdir, LOCK_FILE)) as f:
+        with open(Workdir(workdir).lock) as f:
             assert f.read().startswith(f"host {socket.gethostname()}, pid {os.getpid()}, since ")
         # flock locks belong to open files: a second open in the same process conflicts too.
         with pytest.raises(UserInputError) as error:
@@ -56,7 +56,7 @@ def test_lock_of_a_killed_process_blocks_nothing(tmp_path):
             pass
     holder.send_signal(signal.SIGKILL)
     holder.wait()
-    lock_path = os.path.join(workdir, LOCK_FILE)
+    lock_path = Workdir(workdir).lock
     with open(lock_path) as f:
         assert f"pid {holder.pid}," in f.read()  # Left behind, still naming the dead holder...
     with training_lock(workdir):  # ...but the kernel released its lock.
@@ -77,7 +77,7 @@ def test_lock_leaves_no_trace(tmp_path):
     (existing / "notes").mkdir(parents=True)
     before = snapshot(existing)
     with training_lock(str(existing)):
-        assert os.path.exists(existing / LOCK_FILE)
+        assert os.path.exists(Workdir(str(existing)).lock)
     assert snapshot(existing) == before
 
     kept = tmp_path / "kept" / "run"
@@ -107,7 +107,7 @@ def test_second_trainer_stops_at_once_and_a_killed_one_blocks_nothing(tmp_path, 
         stderr=subprocess.DEVNULL,
     )
     try:
-        lock_path = os.path.join(workdir, LOCK_FILE)
+        lock_path = Workdir(workdir).lock
         deadline = time.monotonic() + 120
         while not (os.path.exists(lock_path) and open(lock_path).read()):
             assert first.poll() is None and time.monotonic() < deadline, "the first run did not take the lock"

@@ -1,1 +1,1 @@
-"""Training: state, optimizer, steps, checkpoints, evaluation and the loop."""
+"""The training core: state, optimizer, losses, the train step, the loop and its subpackages."""

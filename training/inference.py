@@ -17,21 +17,20 @@ from absl import logging
 
 from common import io_errors
 from common.errors import UserInputError
+from common.workdir import Workdir
 from input_pipeline import tokenizer as tokenizer_lib
-from input_pipeline.batching import RaggedIds
-from input_pipeline.corpus import TOKENIZER_FILE, Labels, load_labels
+from input_pipeline.corpus import Labels, load_labels
 from models import Transformer
 from models.build import is_classification, make_model
-from training import evaluation, sharding
-from training.checkpointing import Checkpointer, Selection, checkpoint_dir
+from training.checkpoints.checkpointer import Checkpointer, Selection
+from training.runtime import sharding
 from training.state import init_boxed_params
-
-CONFIG_FILE = "config.json"
+from training.tasks import translation_eval
 
 
 def save_config(config: ml_collections.ConfigDict, workdir: str) -> None:
-    """Writes the run's config to <workdir>/config.json, for translate.py and later evaluation."""
-    path = os.path.join(workdir, CONFIG_FILE)
+    """Writes the run's config to <workdir>/config.json, for translate.py and later translation_eval."""
+    path = Workdir(workdir).config
     with io_errors.naming(path), open(path + ".tmp", "w", encoding="utf-8") as f:
         f.write(config.to_json_best_effort(indent=2, sort_keys=True))
     os.replace(path + ".tmp", path)
@@ -43,7 +42,7 @@ def load_config(workdir: str) -> ml_collections.ConfigDict:
     Raises:
         UserInputError: the workdir has no readable config.json (pass the config file instead).
     """
-    path = os.path.join(workdir, CONFIG_FILE)
+    path = Workdir(workdir).config
     if not os.path.exists(path):
         raise UserInputError(
             f"{path} does not exist: {workdir} holds no run trained with this version of the code; "
@@ -85,12 +84,12 @@ def load_trained_model(config: ml_collections.ConfigDict, workdir: str, checkpoi
             choice, or a checkpoint that does not fit the model.
         DamagedCheckpointError: the chosen checkpoint is damaged, or with 'latest' every one is.
     """
-    directory = checkpoint_dir(workdir)
+    directory = Workdir(workdir).checkpoints
     if not os.path.isdir(directory) or not os.listdir(directory):
         raise UserInputError(
             f"No checkpoints in {directory}: train first, e.g. `python train.py --config=... --workdir={workdir}`."
         )
-    tokenizer_path = os.path.join(workdir, TOKENIZER_FILE)
+    tokenizer_path = Workdir(workdir).tokenizer
     if not os.path.exists(tokenizer_path):
         raise UserInputError(f"{tokenizer_path} does not exist: {workdir} holds no trained run.")
     tokenizer = tokenizer_lib.load_tokenizer(tokenizer_path)
@@ -110,22 +109,9 @@ def load_trained_model(config: ml_collections.ConfigDict, workdir: str, checkpoi
     return TrainedModel(model, params, tokenizer, mesh, selection, labels)
 
 
-def encode_sources(
-    tokenizer: spm.SentencePieceProcessor, lines: Sequence[str], max_length: int
-) -> tuple[RaggedIds, list[int]]:
-    """Subword ids of each line, ending with <eos>, cut to `max_length` ids.
-
-    Returns:
-        The ids, and the indices of the lines that were cut (for a warning).
-    """
-    ids = [tokenizer.encode(line) + [tokenizer_lib.EOS_ID] for line in lines]
-    cut = [i for i, line_ids in enumerate(ids) if len(line_ids) > max_length]
-    for i in cut:
-        ids[i] = ids[i][: max_length - 1] + [tokenizer_lib.EOS_ID]
-    return RaggedIds.from_lists(ids), cut
-
-
-def translate_lines(setup: evaluation.EvalSetup, params, lines: Sequence[str], max_source_length: int) -> list[str]:
+def translate_lines(
+    setup: translation_eval.EvalSetup, params, lines: Sequence[str], max_source_length: int
+) -> list[str]:
     """Translations of raw sentences, one per line, in order; an empty line gives an empty line.
 
     Args:
@@ -134,52 +120,9 @@ def translate_lines(setup: evaluation.EvalSetup, params, lines: Sequence[str], m
         lines: source sentences.
         max_source_length: longer sources (in subwords, with <eos>) are cut to it, with a warning.
     """
-    sources, cut = encode_sources(setup.tokenizer, [line.strip() for line in lines], max_source_length)
+    sources, cut = tokenizer_lib.encode_sources(setup.tokenizer, [line.strip() for line in lines], max_source_length)
     for i in cut:
         logging.warning(
             "Line %d is longer than %d subwords; only its beginning is translated.", i + 1, max_source_length
         )
-    return [setup.tokenizer.decode(ids) for ids in evaluation.translate_ids(setup, params, sources)]
-
-
-def sentence_attention_figures(
-    model: Transformer, params, tokenizer: spm.SentencePieceProcessor, source: str, target: str
-) -> dict:
-    """Attention-map figures ({name: matplotlib Figure}) of one sentence pair, for every layer and head.
-
-    Both sides are cut to the model's max_len subwords (with <eos>).
-    """
-    from training import attention_maps  # pylint: disable=g-import-not-at-top  (matplotlib only when drawing)
-
-    source_ids, target_ids = (
-        encode_sources(tokenizer, [text], model.config.max_len)[0][0] for text in (source, target)
-    )
-    weights = attention_maps.attention_weights(model, params, source_ids, target_ids)
-    return attention_maps.attention_figures(
-        weights, attention_maps.token_pieces(tokenizer, source_ids), attention_maps.token_pieces(tokenizer, target_ids)
-    )
-
-
-def classifier_attention_figures(model, params, tokenizer: spm.SentencePieceProcessor, sentence: str) -> dict:
-    """Attention-map figures of the encoder Classifier for one sentence, every layer and head.
-
-    The sentence is cut to the subwords the model can encode (with <eos>); with 'cls'
-    pooling the first row and column are the [CLS] token (labelled '<s>').
-    """
-    from training import attention_maps  # pylint: disable=g-import-not-at-top  (matplotlib only when drawing)
-
-    cls_token = model.config.pooling == "cls"
-    ids = encode_sources(tokenizer, [sentence], model.config.encoder.max_len - int(cls_token))[0][0]
-    weights = attention_maps.attention_weights(model, params, ids)
-    pieces = attention_maps.token_pieces(tokenizer, ids)
-    return attention_maps.attention_figures(weights, [attention_maps.BOS_PIECE] * cls_token + pieces, [])
-
-
-def write_attention_summary(
-    writer, step: int, model: Transformer, params, tokenizer: spm.SentencePieceProcessor, source: str, translation: str
-) -> None:
-    """Puts the attention maps of (source, its translation) into TensorBoard."""
-    from training import attention_maps  # pylint: disable=g-import-not-at-top
-
-    figures = sentence_attention_figures(model, params, tokenizer, source, translation)
-    attention_maps.write_attention_summaries(writer, step, figures)
+    return [setup.tokenizer.decode(ids) for ids in translation_eval.translate_ids(setup, params, sources)]

@@ -15,15 +15,25 @@ from tqdm import tqdm
 
 from common import processes
 from common.errors import TrainingStopped, UserInputError
+from common.workdir import Workdir
+from models.build import is_classification
 from models.classifier import Classifier
 from models.transformer import TransformerConfig
-from training import divergence, flops, metric_log, preemption, sharding, tasks
-from training.checkpointing import Checkpointer, averaged_checkpoint_dir, save_params
+from training import divergence, flops, preemption
+from training.checkpoints.checkpointer import Checkpointer, save_params
 from training.inference import load_trained_model, save_config
-from training.metrics_writer import MetricWriter
 from training.optimizer import make_optimizer
+from training.reporting import metric_log
+from training.reporting.metrics_writer import MetricWriter
+from training.runtime import sharding
 from training.state import TrainState, create_train_state
 from training.steps import LossFn, compile_train_step
+from training.tasks import base, classification, translation
+
+
+def make_task(config: ml_collections.ConfigDict) -> base.Task:
+    """The task config.task names: 'translation' (the default) or 'classification'."""
+    return classification.ClassificationTask() if is_classification(config) else translation.TranslationTask()
 
 
 def state_shardings(config: ml_collections.ConfigDict, model, tx, mesh: jax.sharding.Mesh) -> TrainState:
@@ -62,7 +72,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
             training/preemption.py), or a step was not finite (config.nonfinite:
             training/divergence.py).
     """
-    task = tasks.make_task(config)
+    task = make_task(config)
     dataset = config.dataset
     splits = tuple(dict.fromkeys((dataset.train_split, dataset.valid_split, config.eval.split)))
     corpus = task.load_data(config, workdir, splits, allow_training_tokenizer=True)
@@ -114,8 +124,8 @@ def _train(
     config: ml_collections.ConfigDict,
     state: TrainState,
     train_step,
-    train_batches: tasks.TrainBatchIterator,
-    evaluator: tasks.Evaluator,
+    train_batches: base.TrainBatchIterator,
+    evaluator: base.Evaluator,
     keep_best_metric: str,
     checkpointer: Checkpointer,
     writers: dict[str, MetricWriter],
@@ -209,7 +219,7 @@ def _validation_missed(config: ml_collections.ConfigDict, workdir: str, step: in
     return processes.main_process_answer(processes.is_main_process() and step not in metric_log.read(workdir, "valid"))
 
 
-def _validate(evaluator: tasks.Evaluator, state: TrainState, metric: str, checkpointer: Checkpointer) -> dict:
+def _validate(evaluator: base.Evaluator, state: TrainState, metric: str, checkpointer: Checkpointer) -> dict:
     """The validation scores of `state`; its parameters are kept apart if their `metric` is the best so far."""
     valid = evaluator.validate(state.params)
     step = int(state.step)
@@ -346,13 +356,13 @@ def evaluate_checkpoint(
         UserInputError: the workdir holds no checkpoint (nothing is written then), the choice is
             malformed or names checkpoints the workdir lacks, or a checkpoint does not fit the config's model.
     """
-    task = tasks.make_task(config)
+    task = make_task(config)
     if save_average and not checkpoint.strip().lower().startswith("average:"):
         raise UserInputError(f"Saving an average needs the checkpoint choice 'average:N', not {checkpoint!r}.")
     trained = load_trained_model(config, workdir, checkpoint)  # Before the corpus is read: errors come fast.
     selection = trained.selection
     if save_average:
-        path = averaged_checkpoint_dir(workdir, selection.steps)
+        path = Workdir(workdir).averaged(selection.steps)
         save_params(path, trained.params, selection.steps)
         logging.info("Saved the %s in %s.", selection.description, path)
     corpus = task.load_data(config, workdir, (config.eval.split,), allow_training_tokenizer=False)

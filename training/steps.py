@@ -5,7 +5,7 @@ its loss as a function of (params, batch, rng) (`LossFn`), chosen by the task:
 `translation_loss` here, `training.classification.classification_loss` for the
 encoder classifier. `compile_train_step`
 compiles the train step with `jax.jit` over a device mesh (the batch, parameters
-and optimizer state sharded as training/sharding.py lays them out) or with
+and optimizer state sharded as training/runtime/sharding.py lays them out) or with
 `jax.pmap`; either way it equals the one-device step up to rounding.
 """
 
@@ -22,8 +22,8 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from common.mesh_axes import LogicalRules
 from models import Transformer
-from training import sharding
 from training.losses import token_metrics
+from training.runtime import sharding
 from training.state import TrainState
 
 # Translation: 'inputs', 'targets' [batch, length] int32; packed rows add PACKING_KEYS.

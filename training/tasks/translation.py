@@ -2,40 +2,42 @@
 
 Validation during training is the loss on the whole validation split and BLEU on its
 first config.eval.num_bleu_sentences pairs (the keep-best metric); the final
-evaluation of a split writes <workdir>/eval/<split>/ (training/evaluation.py) and
+evaluation of a split writes <workdir>/eval/<split>/ (training/tasks/translation_eval.py) and
 puts the attention maps of its first sentence and translation into TensorBoard.
 """
 
 import dataclasses
 import functools
-import os
 
 import jax
 import ml_collections
 import numpy as np
 from absl import logging
 
+from common.decoding_names import describe_decoding
+from common.workdir import Workdir
 from input_pipeline import batching, streaming
 from input_pipeline.corpus import Corpus, load_corpus
 from input_pipeline.datasets import TextPairs
 from models.build import make_model
-from training import evaluation, sharding
-from training.inference import write_attention_summary
-from training.metrics_writer import MetricWriter
+from training.reporting.attention_maps import write_attention_summary
+from training.reporting.metrics_writer import MetricWriter
+from training.runtime import sharding
 from training.steps import LossFn, eval_step, translation_loss
+from training.tasks import translation_eval
 
 
-def eval_setup(config, model, tokenizer, mesh) -> evaluation.EvalSetup:
+def eval_setup(config, model, tokenizer, mesh) -> translation_eval.EvalSetup:
     """Decoding, eval steps and batching of config.eval for `model` on `mesh` (shared with translate.py)."""
-    return evaluation.EvalSetup(
+    return translation_eval.EvalSetup(
         eval_fn=jax.jit(functools.partial(eval_step, model=model)),
-        decode_fn=evaluation.make_decode_fn(model, config.eval),
+        decode_fn=translation_eval.make_decode_fn(model, config.eval),
         mesh=mesh,
         tokenizer=tokenizer,
         boundaries=tuple(config.dataset.bucket_boundaries),
         batch_sizes=sharding.batch_sizes(config, config.eval.per_device_batch_size, mesh),
         max_decode_length=config.eval.max_decode_length,
-        decoding=evaluation.describe_decoding(config.eval),
+        decoding=describe_decoding(config.eval),
         seed=config.seed,
         rules=config.mesh.rules,
     )
@@ -51,7 +53,7 @@ def _head(text: TextPairs, ids: batching.ParallelIds, n: int) -> tuple[TextPairs
 
 
 def _evaluation_dir(workdir: str, split: str) -> str:
-    return os.path.join(workdir, "eval", split)
+    return Workdir(workdir).evaluation(split)
 
 
 class TranslationTask:
@@ -112,14 +114,14 @@ class TranslationEvaluator:
     config: ml_collections.ConfigDict
     model: object
     corpus: Corpus
-    setup: evaluation.EvalSetup
+    setup: translation_eval.EvalSetup
 
     def validate(self, params) -> dict[str, float]:
         split = self.config.dataset.valid_split
-        valid = evaluation.loss_metrics(self.setup, params, self.corpus.ids[split])
+        valid = translation_eval.loss_metrics(self.setup, params, self.corpus.ids[split])
         if self.config.eval.num_bleu_sentences:
             text, ids = _head(self.corpus.text[split], self.corpus.ids[split], self.config.eval.num_bleu_sentences)
-            valid["bleu"], _ = evaluation.bleu(evaluation.translate(self.setup, params, ids), text.targets)
+            valid["bleu"], _ = translation_eval.bleu(translation_eval.translate(self.setup, params, ids), text.targets)
         return valid
 
     def evaluate(self, params, step: int, checkpoint: str, workdir: str) -> dict:
@@ -129,14 +131,14 @@ class TranslationEvaluator:
 def evaluate_split(config, setup, model, params, step: int, description: str, corpus: Corpus, workdir: str) -> dict:
     """Evaluates config.eval.split into <workdir>/eval/<split>/, with attention maps in TensorBoard."""
     split = config.eval.split
-    scores, hypotheses = evaluation.evaluate_split(
+    scores, hypotheses = translation_eval.evaluate_split(
         setup,
         params,
         step,
         split,
         corpus.text[split],
         corpus.ids[split],
-        _evaluation_dir(workdir, split),
+        Workdir(workdir).evaluation(split),
         checkpoint=description,
     )
     _log_scores(scores)

@@ -26,9 +26,10 @@ from matplotlib.figure import Figure
 from matplotlib.font_manager import FontProperties
 
 from common.errors import UserInputError
+from input_pipeline.tokenizer import encode_sources
 from models import Transformer
 from models.classifier import Classifier
-from training.metrics_writer import MetricWriter
+from training.reporting.metrics_writer import MetricWriter
 
 # SentencePiece's piece for bos_id: the first decoder input, and the classifier's [CLS] token.
 BOS_PIECE = "<s>"
@@ -364,3 +365,41 @@ def save_attention_maps(figures: Mapping[str, Figure], out_dir: str) -> list[str
 def write_attention_summaries(writer: MetricWriter, step: int, figures: Mapping[str, Figure]) -> None:
     """Adds each figure of `attention_figures` to TensorBoard as an image tagged 'attention/<name>'."""
     writer.write_figures(step, {f"attention/{name}": figure for name, figure in figures.items()})
+
+
+def sentence_attention_figures(
+    model: Transformer, params, tokenizer: spm.SentencePieceProcessor, source: str, target: str
+) -> dict:
+    """Attention-map figures ({name: matplotlib Figure}) of one sentence pair, for every layer and head.
+
+    Both sides are cut to the model's max_len subwords (with <eos>).
+    """
+
+    source_ids, target_ids = (
+        encode_sources(tokenizer, [text], model.config.max_len)[0][0] for text in (source, target)
+    )
+    weights = attention_weights(model, params, source_ids, target_ids)
+    return attention_figures(weights, token_pieces(tokenizer, source_ids), token_pieces(tokenizer, target_ids))
+
+
+def classifier_attention_figures(model, params, tokenizer: spm.SentencePieceProcessor, sentence: str) -> dict:
+    """Attention-map figures of the encoder Classifier for one sentence, every layer and head.
+
+    The sentence is cut to the subwords the model can encode (with <eos>); with 'cls'
+    pooling the first row and column are the [CLS] token (labelled '<s>').
+    """
+
+    cls_token = model.config.pooling == "cls"
+    ids = encode_sources(tokenizer, [sentence], model.config.encoder.max_len - int(cls_token))[0][0]
+    weights = attention_weights(model, params, ids)
+    pieces = token_pieces(tokenizer, ids)
+    return attention_figures(weights, [BOS_PIECE] * cls_token + pieces, [])
+
+
+def write_attention_summary(
+    writer, step: int, model: Transformer, params, tokenizer: spm.SentencePieceProcessor, source: str, translation: str
+) -> None:
+    """Puts the attention maps of (source, its translation) into TensorBoard."""
+
+    figures = sentence_attention_figures(model, params, tokenizer, source, translation)
+    write_attention_summaries(writer, step, figures)

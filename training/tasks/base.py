@@ -6,8 +6,8 @@ keep-best and metrics. What differs is asked of a `Task`: its data, its training
 batches (translation streams packed rows from records, classification takes
 length buckets of its in-memory examples), its model, its loss, and how its
 parameters are validated and evaluated.
-`training.translation.TranslationTask` and `training.classification.ClassificationTask`
-implement it; `config.task` picks one (`make_task`).
+`training.tasks.translation.TranslationTask` and `training.tasks.classification.ClassificationTask`
+implement it; `config.task` picks one (`training.loop.make_task`).
 """
 
 import functools
@@ -21,8 +21,7 @@ import sentencepiece as spm
 
 from input_pipeline import batching
 from input_pipeline.batching import Examples
-from models.build import is_classification
-from training import sharding
+from training.runtime import sharding
 from training.steps import LossFn
 
 
@@ -109,10 +108,3 @@ def bucketed_train_batches(
     if position is not None:
         batches.set_state(position)
     return batches
-
-
-def make_task(config: ml_collections.ConfigDict) -> Task:
-    """The task config.task names: 'translation' (the default) or 'classification'."""
-    from training import classification, translation  # pylint: disable=g-import-not-at-top  (they import this)
-
-    return classification.ClassificationTask() if is_classification(config) else translation.TranslationTask()

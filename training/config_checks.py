@@ -6,12 +6,12 @@ import jax
 import ml_collections
 import numpy as np
 
-from common import host_memory
 from common.errors import UserInputError
 from common.mesh_axes import MESH_AXES, logical_rules, mesh_axes_of, mesh_shape
 from input_pipeline.batching import bucket_batch_sizes
 from models.build import make_model
 from models.decoding import decode_length, decoding_memory_bytes
+from training.runtime import host_memory
 
 _CHOICES = {
     "host_allocator": host_memory.ALLOCATORS,

@@ -1,6 +1,6 @@
-"""A sweep's results: per variant, mean ± standard deviation over seeds, differences to the base, plots.
+"""A sweep's results: per variant, mean ± standard deviation over seeds, differences to the base.
 
-`collect` reads every finished run of a sweep (training/sweep.py) and writes under the root:
+`collect` reads every finished run of a sweep (sweeps/runner.py) and writes under the root:
 results.md (the table, with the paper's numbers beside each row), results.csv (the
 same per variant, machine-readable), results_runs.csv (one line per run),
 results_bleu.png (test BLEU per variant with error bars) and valid_curves.png
@@ -9,7 +9,7 @@ results_bleu.png (test BLEU per variant with error bars) and valid_curves.png
 Where the numbers come from: test BLEU, chrF and the step from the final evaluation's
 scores.json; the validation perplexity at each step, the parameter count and the
 training seconds of each logging interval from <workdir>/metrics/*.jsonl
-(training/metric_log.py).
+(training/reporting/metric_log.py).
 """
 
 import csv
@@ -22,8 +22,8 @@ import numpy as np
 
 from common.errors import UserInputError
 from configs.sweeps import Variant
-from training import metric_log
-from training.sweep import Run, Sweep, config_changes, final_scores
+from sweeps.runner import Run, Sweep, config_changes, final_scores
+from training.reporting import metric_log
 
 
 @dataclasses.dataclass(frozen=True)
@@ -183,11 +183,6 @@ def collect(sweep: Sweep, root: str, runs: Sequence[Run]) -> tuple[list[VariantS
     _write_markdown(os.path.join(root, "results.md"), sweep, summaries, results, unfinished, changed)
     _write_csv(os.path.join(root, "results.csv"), summaries)
     _write_runs_csv(os.path.join(root, "results_runs.csv"), results)
-    if any(s.estimates["test_bleu"] for s in summaries):
-        from training import sweep_plots  # pylint: disable=g-import-not-at-top  (matplotlib only when drawing)
-
-        sweep_plots.bleu_bars(os.path.join(root, "results_bleu.png"), summaries)
-        sweep_plots.valid_curves(os.path.join(root, "valid_curves.png"), summaries)
     return summaries, unfinished
 
 

@@ -16,7 +16,8 @@ from tensorboardX.record_writer import RecordWriter
 from tensorboardX.utils import figure_to_image
 
 from common import io_errors
-from training import metric_log
+from common.workdir import Workdir
+from training.reporting import metric_log
 
 if TYPE_CHECKING:  # matplotlib is imported only by the code that draws figures.
     from matplotlib.figure import Figure
@@ -56,7 +57,7 @@ class MetricWriter:
     """Writes scalar metrics and figures under <workdir>/tensorboard/<name>, scalars also to `metric_log`."""
 
     def __init__(self, workdir: str, name: str):
-        self._events = EventFile(os.path.join(workdir, "tensorboard", name)) if jax.process_index() == 0 else None
+        self._events = EventFile(Workdir(workdir).tensorboard(name)) if jax.process_index() == 0 else None
         self._workdir = workdir
         self._name = name
 

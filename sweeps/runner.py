@@ -31,7 +31,9 @@ from collections.abc import Callable, Sequence
 
 import ml_collections
 
+from common.decoding_names import describe_decoding
 from common.errors import UserInputError
+from common.workdir import Workdir
 from configs.sweeps import Variant
 
 REPOSITORY = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -204,10 +206,9 @@ def config_changes(config: ml_collections.ConfigDict, workdir: str) -> list[str]
     Returns:
         e.g. ['model.dropout_rate: 0.1 → 0.3']; [] if nothing changed or the run has not started.
     """
-    from training.inference import CONFIG_FILE  # pylint: disable=g-import-not-at-top  (JAX: only here)
 
     try:
-        with open(os.path.join(workdir, CONFIG_FILE), encoding="utf-8") as f:
+        with open(Workdir(workdir).config, encoding="utf-8") as f:
             saved = _flat(json.load(f))
     except FileNotFoundError:
         return []
@@ -254,8 +255,8 @@ def _changed_config(sweep: Sweep, run: Run, changes: Sequence[str]) -> str:
 
 
 def scores_path(config: ml_collections.ConfigDict, workdir: str) -> str:
-    """Where training's final evaluation writes its scores (training/evaluation.py)."""
-    return os.path.join(workdir, "eval", config.eval.split, "scores.json")
+    """Where training's final evaluation writes its scores."""
+    return Workdir(workdir).scores(config.eval.split)
 
 
 def final_scores(config: ml_collections.ConfigDict, workdir: str) -> dict | None:
@@ -266,7 +267,6 @@ def final_scores(config: ml_collections.ConfigDict, workdir: str) -> dict | None
     or another decoding: a sweep's table compares runs evaluated alike. Nor do the scores of a
     run trained with another config (`config_changes`).
     """
-    from training.evaluation import describe_decoding  # pylint: disable=g-import-not-at-top  (JAX: only here)
 
     if config_changes(config, workdir):
         return None  # Trained as another variant.

@@ -1,4 +1,6 @@
-"""One training run per workdir: a kernel lock on <workdir>/train.lock, held while the run lives.
+"""A run's workdir: the one place its layout is spelled out (`Workdir`), and one training run per workdir.
+
+One training run per workdir: a kernel lock on <workdir>/train.lock, held while the run lives.
 
 The lock is `fcntl.flock` on an open file, so the kernel releases it when the
 holder exits in any way, SIGKILL and crashes included: a lock file left behind
@@ -12,6 +14,7 @@ warning.
 """
 
 import contextlib
+import dataclasses
 import datetime
 import errno
 import fcntl
@@ -23,7 +26,78 @@ from absl import logging
 
 from common.errors import UserInputError
 
-LOCK_FILE = "train.lock"
+SCORES_FILE = "scores.json"  # In each evaluation folder: what evaluating the split scored.
+
+
+@dataclasses.dataclass(frozen=True)
+class Workdir:
+    """The paths of a run's files under its workdir `root`."""
+
+    root: str
+
+    def _path(self, *parts: str) -> str:
+        return os.path.join(self.root, *parts)
+
+    @property
+    def config(self) -> str:
+        """The run's config as JSON, read by translate.py, classify.py and later evaluation."""
+        return self._path("config.json")
+
+    @property
+    def tokenizer(self) -> str:
+        """The SentencePiece model, trained on the first run."""
+        return self._path("tokenizer.model")
+
+    @property
+    def labels(self) -> str:
+        """A classifier's training labels, one 'label<TAB>count in train' line each, in class-id order."""
+        return self._path("labels.tsv")
+
+    @property
+    def lock(self) -> str:
+        """Held by the training run while it lives."""
+        return self._path("train.lock")
+
+    @property
+    def tfds(self) -> str:
+        """Where local corpora are prepared as ArrayRecord files, unless config.dataset.data_dir says otherwise."""
+        return self._path("tfds")
+
+    # Checkpoint folders are absolute: Orbax requires it.
+    @property
+    def checkpoints(self) -> str:
+        """The rotation of full training states, one folder a step."""
+        return os.path.join(os.path.abspath(self.root), "checkpoints")
+
+    @property
+    def best_checkpoint(self) -> str:
+        """The parameters of the step with the best validation score."""
+        return os.path.join(os.path.abspath(self.root), "best_checkpoint")
+
+    @property
+    def damaged_checkpoints(self) -> str:
+        """Damaged steps moved out of the rotation, never deleted."""
+        return os.path.join(os.path.abspath(self.root), "damaged_checkpoints")
+
+    def averaged(self, steps: tuple[int, ...]) -> str:
+        """Where the mean parameters of `steps` are saved: averaged/<N>_<last step>."""
+        return os.path.join(os.path.abspath(self.root), "averaged", f"{len(steps)}_{steps[-1]}")
+
+    def tensorboard(self, name: str) -> str:
+        """TensorBoard events of `name`: 'train', 'valid', 'eval_<split>'."""
+        return self._path("tensorboard", name)
+
+    def metrics(self, name: str) -> str:
+        """JSON lines of the scalars logged as `name` ('train', 'valid')."""
+        return self._path("metrics", f"{name}.jsonl")
+
+    def evaluation(self, split: str) -> str:
+        """What evaluating `split` writes: its scores, outputs and figures."""
+        return self._path("eval", split)
+
+    def scores(self, split: str) -> str:
+        """The scores of the latest evaluation of `split`."""
+        return os.path.join(self.evaluation(split), SCORES_FILE)
 
 
 def _missing_folders(path: str) -> list[str]:
@@ -86,7 +160,7 @@ def training_lock(workdir: str) -> Iterator[None]:
     """
     created = _missing_folders(workdir)
     os.makedirs(workdir, exist_ok=True)
-    path = os.path.join(workdir, LOCK_FILE)
+    path = Workdir(workdir).lock
     fd = None
     try:
         try:

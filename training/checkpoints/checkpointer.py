@@ -36,9 +36,10 @@ from jax.experimental import multihost_utils
 
 from common import io_errors
 from common.errors import UserInputError
-from training.checkpoint_choice import CHECKPOINT_CHOICES, BestScore, Selection, mean_params, resolve_choice
-from training.checkpoint_integrity import Summary
-from training.checkpoint_restore import (
+from common.workdir import Workdir
+from training.checkpoints.choice import CHECKPOINT_CHOICES, BestScore, Selection, mean_params, resolve_choice
+from training.checkpoints.integrity import Summary
+from training.checkpoints.restore import (
     DamagedCheckpointError,
     one_line,
     restore_verified,
@@ -54,29 +55,8 @@ __all__ = [
     "DamagedCheckpointError",
     "NonFiniteStateError",
     "Selection",
-    "averaged_checkpoint_dir",
-    "best_checkpoint_dir",
-    "checkpoint_dir",
-    "damaged_checkpoint_dir",
     "save_params",
 ]
-
-
-def checkpoint_dir(workdir: str) -> str:
-    return os.path.join(os.path.abspath(workdir), "checkpoints")
-
-
-def best_checkpoint_dir(workdir: str) -> str:
-    return os.path.join(os.path.abspath(workdir), "best_checkpoint")
-
-
-def damaged_checkpoint_dir(workdir: str) -> str:
-    return os.path.join(os.path.abspath(workdir), "damaged_checkpoints")
-
-
-def averaged_checkpoint_dir(workdir: str, steps: tuple[int, ...]) -> str:
-    """<workdir>/averaged/<N>_<last step>: where the average of `steps` is saved."""
-    return os.path.join(os.path.abspath(workdir), "averaged", f"{len(steps)}_{steps[-1]}")
 
 
 class NonFiniteStateError(UserInputError):
@@ -111,8 +91,8 @@ class Checkpointer:
     """
 
     def __init__(self, workdir: str, *, keep: int = 5, read_only: bool = False):
-        self.directory = checkpoint_dir(workdir)
-        self.damaged_directory = damaged_checkpoint_dir(workdir)
+        self.directory = Workdir(workdir).checkpoints
+        self.damaged_directory = Workdir(workdir).damaged_checkpoints
         self._read_only = read_only
         self._warned_unverified = False
         self._manager = _manager(
@@ -124,7 +104,7 @@ class Checkpointer:
         )
         # create=False: the folder appears with the first save, so a run without BLEU checks leaves none.
         self._best_manager = _manager(
-            best_checkpoint_dir(workdir),
+            Workdir(workdir).best_checkpoint,
             keep=1,
             read_only=read_only,
             create=False,

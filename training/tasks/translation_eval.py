@@ -2,8 +2,6 @@
 
 import dataclasses
 import functools
-import json
-import math
 import os
 from collections.abc import Callable, Sequence
 
@@ -22,7 +20,8 @@ from input_pipeline import batching
 from input_pipeline.datasets import TextPairs
 from models import Transformer
 from models.decoding import beam_search, decode_length, greedy_decode, sample_decode
-from training.sharding import process_rows, shard_batch
+from training.reporting.scores import nulls_for_nonfinite, write_scores
+from training.runtime.sharding import process_rows, shard_batch
 
 EvalFn = Callable  # (params, batch) -> {'nll', 'correct', 'tokens'} sums
 DecodeFn = Callable  # (params, inputs, rng, max_length=) -> [batch, max_length] ids
@@ -48,16 +47,6 @@ def make_decode_fn(model: Transformer, eval_config: ml_collections.ConfigDict) -
             return search(params, inputs, max_length=max_length)
 
     return jax.jit(decode, static_argnames=("max_length",))
-
-
-def describe_decoding(eval_config: ml_collections.ConfigDict) -> str:
-    """'greedy', 'beam 4, alpha 0.6' or 'sampling, temperature 0.8, top-k 40': for scores and logs."""
-    if eval_config.temperature > 0:
-        top_k = f", top-k {eval_config.top_k}" if eval_config.top_k else ""
-        return f"sampling, temperature {eval_config.temperature:g}{top_k}"
-    if eval_config.beam_size > 1:
-        return f"beam {eval_config.beam_size}, alpha {eval_config.length_penalty:g}"
-    return "greedy"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -198,27 +187,3 @@ def evaluate_split(
             f.writelines(line.replace("\n", " ") + "\n" for line in lines)
     write_scores(scores, out_dir)
     return scores, hypotheses
-
-
-def write_scores(scores: dict, out_dir: str) -> None:
-    """Writes <out_dir>/scores.json: valid JSON, a NaN or infinite score null and named (`nulls_for_nonfinite`)."""
-    path = os.path.join(out_dir, "scores.json")
-    with io_errors.naming(path), open(path, "w", encoding="utf-8") as f:
-        json.dump(nulls_for_nonfinite(scores), f, indent=2, allow_nan=False)
-
-
-def nulls_for_nonfinite(scores: dict) -> dict:
-    """`scores` with each NaN or infinite number as None (JSON null), named in 'not_finite', with a warning.
-
-    Python's json module would write them as NaN and Infinity, which JSON does not have.
-    """
-    names = [name for name, value in scores.items() if isinstance(value, float) and not math.isfinite(value)]
-    if not names:
-        return scores
-    logging.warning(
-        "%s, %s: %s not finite (NaN or infinite parameters?); written as null.",
-        scores.get("split"),
-        scores.get("checkpoint"),
-        ", ".join(names),
-    )
-    return {**{name: None if name in names else value for name, value in scores.items()}, "not_finite": names}

@@ -21,16 +21,20 @@ from jax.experimental import multihost_utils
 from common import io_errors, processes
 from common.mesh_axes import LogicalRules
 from common.special_ids import PAD_ID
+from common.workdir import Workdir
 from input_pipeline import batching
 from input_pipeline.corpus import LabelledCorpus, load_labelled_corpus
+from input_pipeline.tokenizer import encode_sources
 from models.build import make_model
 from models.classifier import Classifier
-from training import classification_metrics, evaluation, sharding, tasks
-from training.inference import classifier_attention_figures, encode_sources
 from training.losses import weighted_metrics
-from training.metrics_writer import MetricWriter
-from training.sharding import process_rows, shard_batch
+from training.reporting import attention_maps
+from training.reporting.metrics_writer import MetricWriter
+from training.reporting.scores import write_scores
+from training.runtime import sharding
+from training.runtime.sharding import process_rows, shard_batch
 from training.steps import LossFn
+from training.tasks import base, classification_metrics
 
 PREDICTIONS_FILE = "predictions.tsv"
 CONFUSION_MATRIX_FILE = "confusion_matrix.png"
@@ -158,11 +162,13 @@ class ClassificationEvaluator:
         # The encoder's attention maps of the split's first sentence, as for translation: every process
         # runs the model on the global parameters, process 0 writes.
         figures = (
-            classifier_attention_figures(self.model, params, self.corpus.tokenizer, text.texts[0]) if len(text) else {}
+            attention_maps.classifier_attention_figures(self.model, params, self.corpus.tokenizer, text.texts[0])
+            if len(text)
+            else {}
         )
         if not processes.is_main_process():
             return scores
-        out_dir = os.path.join(workdir, "eval", split)
+        out_dir = Workdir(workdir).evaluation(split)
         os.makedirs(out_dir, exist_ok=True)
         path = os.path.join(out_dir, PREDICTIONS_FILE)
         with io_errors.naming(path), open(path, "w", encoding="utf-8") as f:
@@ -174,10 +180,8 @@ class ClassificationEvaluator:
         title = f"{split}, {checkpoint}: accuracy {scores['accuracy']:.3f}, macro-F1 {scores['macro_f1']:.3f}"
         figure = classification_metrics.confusion_matrix_figure(confusion, list(labels.names), title)
         figure.savefig(os.path.join(out_dir, CONFUSION_MATRIX_FILE))
-        evaluation.write_scores(scores, out_dir)
+        write_scores(scores, out_dir)
         if figures:
-            from training import attention_maps  # pylint: disable=g-import-not-at-top  (matplotlib only when drawing)
-
             writer = MetricWriter(workdir, f"eval_{split}")
             attention_maps.write_attention_summaries(writer, step, figures)
             writer.close()
@@ -194,7 +198,7 @@ class ClassificationTask:
 
     def train_batches(self, config, data: LabelledCorpus, mesh, position: dict | None, step: int):
         del step  # A position saved by other processes is never missing: every process computes all batches.
-        return tasks.bucketed_train_batches(config, data.ids[config.dataset.train_split], mesh, position)
+        return base.bucketed_train_batches(config, data.ids[config.dataset.train_split], mesh, position)
 
     def make_model(self, config, data: LabelledCorpus) -> Classifier:
         return make_model(config, data.tokenizer.vocab_size(), num_classes=len(data.labels.names))

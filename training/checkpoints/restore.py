@@ -18,7 +18,7 @@ import orbax.checkpoint as ocp
 
 from common import processes
 from common.errors import UserInputError
-from training.checkpoint_integrity import Summary, leaf_names
+from training.checkpoints.integrity import Summary, leaf_names
 
 
 class DamagedCheckpointError(UserInputError):

@@ -3,6 +3,7 @@
 Plain `matplotlib.figure.Figure` objects on an Agg canvas (no pyplot, no display), saved as PNG.
 """
 
+import os
 from collections.abc import Sequence
 
 import numpy as np
@@ -10,9 +11,16 @@ from matplotlib import colormaps, ticker
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from training.sweep_report import VariantSummary
+from sweeps.report import VariantSummary
 
 _DPI = 120
+
+
+def draw(root: str, summaries: Sequence[VariantSummary]) -> None:
+    """<root>/results_bleu.png and valid_curves.png, once some variant has a test BLEU."""
+    if any(s.estimates["test_bleu"] for s in summaries):
+        bleu_bars(os.path.join(root, "results_bleu.png"), summaries)
+        valid_curves(os.path.join(root, "valid_curves.png"), summaries)
 
 
 def bleu_bars(path: str, summaries: Sequence[VariantSummary]) -> None:

@@ -12,17 +12,13 @@ import os
 from collections.abc import Mapping
 
 from common import io_errors
-
-
-def path(workdir: str, name: str) -> str:
-    """Where the metrics called `name` ('train', 'valid') of the run in `workdir` are logged."""
-    return os.path.join(workdir, "metrics", f"{name}.jsonl")
+from common.workdir import Workdir
 
 
 def append(workdir: str, name: str, step: int, metrics: Mapping[str, float]) -> None:
     """Appends one line: the step and `metrics` (NaN and infinities as null)."""
     record = {"step": int(step), **{key: _finite_or_none(value) for key, value in metrics.items()}}
-    log_path = path(workdir, name)
+    log_path = Workdir(workdir).metrics(name)
     os.makedirs(os.path.dirname(log_path), exist_ok=True)
     with io_errors.naming(log_path), open(log_path, "a", encoding="utf-8") as f:
         f.write(json.dumps(record, allow_nan=False) + "\n")
@@ -34,7 +30,7 @@ def read(workdir: str, name: str) -> dict[int, dict[str, float | None]]:
     A last line cut short (the process killed while writing it) is ignored.
     """
     try:
-        with open(path(workdir, name), encoding="utf-8") as f:
+        with open(Workdir(workdir).metrics(name), encoding="utf-8") as f:
             lines = f.read().splitlines()
     except FileNotFoundError:
         return {}

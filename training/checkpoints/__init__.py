@@ -1,0 +1,1 @@
+"""Checkpoints: rotation and the best step, reading and verifying, choosing and averaging."""

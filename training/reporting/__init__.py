@@ -1,0 +1,1 @@
+"""What a run reports: log filtering, scalars to TensorBoard and JSON lines, attention maps."""

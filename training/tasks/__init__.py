@@ -1,0 +1,1 @@
+"""Tasks the training loop trains through: the protocol (`base`), translation and classification."""
