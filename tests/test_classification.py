@@ -263,6 +263,47 @@ def test_labels_survive_the_workdir_and_name_the_majority(tmp_path):
 # --- Named TFDS datasets (offline, mock_data) --------------------------------------------------------------
 
 
+class FakeReviews(tfds.core.GeneratorBasedBuilder, skip_registration=True):
+    """A named dataset as imdb_reviews is (one Text, one ClassLabel), prepared here by TFDS's own writer."""
+
+    VERSION = tfds.core.Version("1.0.0")
+
+    def _info(self) -> tfds.core.DatasetInfo:
+        features = {"text": tfds.features.Text(), "label": tfds.features.ClassLabel(names=["neg", "pos"])}
+        return tfds.core.DatasetInfo(
+            builder=self, features=tfds.features.FeaturesDict(features), disable_shuffling=True
+        )
+
+    def _split_generators(self, dl_manager):
+        del dl_manager
+        return {
+            "train": self._generate_examples([("Good film.", 1), ("Bad film.", 0), ("Dull.", 0)]),
+            "test": self._generate_examples([("Not labelled.", -1)]),  # As GLUE's test splits.
+        }
+
+    def _generate_examples(self, rows):
+        for key, (text, label) in enumerate(rows):
+            yield key, {"text": text, "label": label}
+
+
+def test_a_named_dataset_prepared_as_array_record_is_read_by_random_access(tmp_path, monkeypatch, without_tensorflow):
+    """Read from its files (the builder's code not needed), record by record, as translation reads: no TensorFlow."""
+    data_dir = str(tmp_path / "tfds")
+    FakeReviews(data_dir=data_dir).download_and_prepare(file_format="array_record")
+    monkeypatch.setattr(tfds.core.DatasetBuilder, "as_dataset", lambda *_, **__: pytest.fail("read with tf.data"))
+    dataset = classify_tiny.get_config().dataset
+    dataset.name, dataset.path, dataset.data_dir = "fake_reviews", "", data_dir
+
+    builder = datasets.make_labelled_builder(dataset, str(tmp_path / "work"), required_splits=("train",))
+
+    assert isinstance(datasets.records(builder, "train"), ArrayRecordSource)
+    assert datasets.text_and_label_features(builder) == ("text", "label", ["neg", "pos"])
+    train = datasets.load_labelled_texts(builder, "train")
+    assert train.texts == ["Good film.", "Bad film.", "Dull."] and train.labels == ["pos", "neg", "neg"]
+    with pytest.raises(UserInputError, match=r"Split 'test' of 'fake_reviews' has unlabelled examples \(label -1\)"):
+        datasets.load_labelled_texts(builder, "test")
+
+
 @pytest.mark.parametrize(
     "name, splits, names",
     [
