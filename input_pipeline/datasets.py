@@ -22,8 +22,9 @@ from input_pipeline.parallel_text import ParallelText
 from input_pipeline.record_source import ArrayRecordSource
 
 LOCAL_DATASET = "parallel_text"
-# Translation datasets are prepared in ArrayRecord files: random access, which training's global shuffle needs.
+# Datasets are prepared in ArrayRecord files: random access, which training's global shuffle needs, without TensorFlow.
 RECORDS_FORMAT = "array_record"
+TENSORFLOW_EXTRA = 'pip install -e ".[tensorflow]"'  # pyproject.toml's extra.
 _TOKENIZE_CHUNK = 100_000  # Sentences tokenized at a time.
 
 
@@ -43,8 +44,9 @@ def make_builder(
 
     Raises:
         UserInputError: unknown dataset, bad local files, missing languages or
-            splits, a named dataset that is not prepared and cannot be fetched, or
-            one prepared in a format without random access (TFRecord).
+            splits, a named dataset that is not prepared and cannot be fetched or
+            needs TensorFlow to prepare, which is not installed, or one prepared in
+            a format without random access (TFRecord).
     """
     if dataset.name == LOCAL_DATASET:
         builder = ParallelText(
@@ -56,10 +58,7 @@ def make_builder(
         )
     else:
         builder = _registered_builder(dataset, f"'wmt14_translate/de-en', or '{LOCAL_DATASET}'")
-        if not builder.is_prepared():  # TFDS's generators for named datasets may run TensorFlow ops.
-            _keep_tensorflow_off_accelerators()
-    _prepare(builder, dataset, local=dataset.name == LOCAL_DATASET, file_format=RECORDS_FORMAT)
-    _check_random_access(builder, dataset)
+    _prepare(builder, dataset, local=dataset.name == LOCAL_DATASET)
     features = set(builder.info.features.keys())
     for lang in (dataset.source_lang, dataset.target_lang):
         if lang not in features:
@@ -67,12 +66,19 @@ def make_builder(
                 f"Dataset {dataset.name!r} has no language {lang!r}; it has "
                 f"{sorted(features)} (set config.dataset.source_lang/target_lang)."
             )
-    for split in required_splits:
+    _check_splits(builder, dataset, required_splits)
+    return builder
+
+
+def _check_splits(
+    builder: tfds.core.DatasetBuilder, dataset: ml_collections.ConfigDict, required: tuple[str, ...], hint: str = ""
+) -> None:
+    """Raises UserInputError for the first of the `required` splits that `builder` lacks; `hint`: what to set."""
+    for split in required:
         if split not in builder.info.splits:
             raise UserInputError(
-                f"Dataset {dataset.name!r} has no split {split!r}; it has {sorted(builder.info.splits)}."
+                f"Dataset {dataset.name!r} has no split {split!r}; it has {sorted(builder.info.splits)}{hint}."
             )
-    return builder
 
 
 def _check_random_access(builder: tfds.core.DatasetBuilder, dataset: ml_collections.ConfigDict) -> None:
@@ -105,11 +111,16 @@ def read_records(source: Sequence[dict], indices: Iterable[int]) -> Iterator[dic
     return (source[index] for index in indices)
 
 
+def all_records(builder: tfds.core.DatasetBuilder, split: str) -> Iterator[dict]:
+    """Every record of `split`, in the dataset's order, read from its records (`records`)."""
+    source = records(builder, split)
+    return read_records(source, range(len(source)))
+
+
 def load_text_pairs(builder: tfds.core.DatasetBuilder, split: str, source_lang: str, target_lang: str) -> TextPairs:
     """All pairs of `split`, in the dataset's order, as Python strings (for the small evaluation splits)."""
     sources, targets = [], []
-    source = records(builder, split)
-    for record in read_records(source, range(len(source))):
+    for record in all_records(builder, split):
         sources.append(_text(record[source_lang]))
         targets.append(_text(record[target_lang]))
     logging.info("Loaded %d %s pairs from %s.", len(sources), split, builder.name)
@@ -187,13 +198,15 @@ def make_labelled_builder(
 
     `labelled_text` reads `{split}.tsv[.gz]` files from dataset.path; any other name is a
     registered TFDS dataset with one text feature and one `ClassLabel` (`imdb_reviews`,
-    `glue/sst2`, `ag_news_subset`, ...).
+    `glue/sst2`, `ag_news_subset`, ...). Either is prepared in ArrayRecord files, as
+    translation's datasets are (`make_builder`).
 
     Raises:
         UserInputError: unknown dataset, bad local files, a dataset without one text and one
-            label feature, missing splits, or a named dataset that is not prepared and cannot be fetched.
+            label feature, missing splits, a named dataset that is not prepared and cannot be
+            fetched or needs TensorFlow to prepare, which is not installed, or one prepared in
+            a format without random access (TFRecord).
     """
-    _keep_tensorflow_off_accelerators()  # Labelled text is prepared and read with tf.data.
     if dataset.name == LOCAL_LABELLED_DATASET:
         builder = LabelledText(
             path=dataset.path,
@@ -204,23 +217,30 @@ def make_labelled_builder(
         builder = _registered_builder(dataset, f"'imdb_reviews' or 'glue/sst2', or '{LOCAL_LABELLED_DATASET}'")
     _prepare(builder, dataset, local=dataset.name == LOCAL_LABELLED_DATASET)
     text_and_label_features(builder)  # Fails early on a dataset that is not text classification.
-    for split in required_splits:
-        if split not in builder.info.splits:
-            raise UserInputError(
-                f"Dataset {dataset.name!r} has no split {split!r}; it has {sorted(builder.info.splits)} "
-                "(set config.dataset.train_split/valid_split and config.eval.split)."
-            )
+    _check_splits(
+        builder, dataset, required_splits, hint=" (set config.dataset.train_split/valid_split and config.eval.split)"
+    )
     return builder
 
 
-def _keep_tensorflow_off_accelerators() -> None:
-    """Hides GPUs from TensorFlow, which would otherwise take their memory from JAX on its first op.
+def _import_tensorflow_off_accelerators(dataset: ml_collections.ConfigDict) -> None:
+    """Imports TensorFlow for TFDS's generators of named datasets, and hides GPUs from it.
 
-    Only tf.data readers and TFDS's preparation of named datasets need TensorFlow; reading
-    translation's ArrayRecord files does not, and never imports it.
+    TensorFlow would otherwise take the GPUs' memory from JAX on its first op. Only preparing a
+    named dataset needs it (an optional dependency, the `tensorflow` extra); the project's own
+    builders prepare, and every dataset reads, its ArrayRecord files without it.
+
+    Raises:
+        UserInputError: TensorFlow is not installed.
     """
-    import tensorflow as tf  # pylint: disable=g-import-not-at-top  (~0.4 GB: only where needed)
-
+    try:
+        import tensorflow as tf  # pylint: disable=g-import-not-at-top  (optional, ~0.8 GB: only where needed)
+    except ImportError:
+        raise UserInputError(
+            f"preparing the TFDS dataset {dataset.name!r} needs TensorFlow: {TENSORFLOW_EXTRA} (or prepare it "
+            f"where TensorFlow is installed: `tfds build {dataset.name} --file_format={RECORDS_FORMAT} "
+            "--data_dir=DIR`, and set --config.dataset.data_dir=DIR)."
+        ) from None
     tf.config.set_visible_devices([], "GPU")
 
 
@@ -234,12 +254,16 @@ def _registered_builder(dataset: ml_collections.ConfigDict, examples: str) -> tf
         ) from None
 
 
-def _prepare(
-    builder: tfds.core.DatasetBuilder, dataset: ml_collections.ConfigDict, *, local: bool, file_format: str = "tfrecord"
-) -> None:
-    """Prepares `builder` unless it is (in whatever format it was prepared); `file_format`: for a new preparation."""
+def _prepare(builder: tfds.core.DatasetBuilder, dataset: ml_collections.ConfigDict, *, local: bool) -> None:
+    """Prepares `builder` in ArrayRecord files unless it is prepared; then checks that it was in ArrayRecord files.
+
+    Raises:
+        UserInputError: see `make_builder`.
+    """
+    if not local and not builder.is_prepared():  # TFDS's generators for named datasets run TensorFlow ops.
+        _import_tensorflow_off_accelerators(dataset)
     try:
-        builder.download_and_prepare(file_format=file_format)
+        builder.download_and_prepare(file_format=RECORDS_FORMAT)
     except Exception as e:  # pylint: disable=broad-except
         if local or io_errors.storage_errno(e) is not None:
             raise  # The local files were checked, and a full disk is not for `tfds build` elsewhere to fix.
@@ -249,6 +273,7 @@ def _prepare(
             "Prepare it where the internet is reachable (`tfds build`) and set "
             "--config.dataset.data_dir."
         ) from None
+    _check_random_access(builder, dataset)
 
 
 def text_and_label_features(builder: tfds.core.DatasetBuilder) -> tuple[str, str, list[str] | None]:
@@ -278,10 +303,10 @@ def load_labelled_texts(builder: tfds.core.DatasetBuilder, split: str) -> Labell
     """
     text_feature, label_feature, names = text_and_label_features(builder)
     texts, labels = [], []
-    for example in tfds.as_numpy(builder.as_dataset(split=split)):
-        label = example[label_feature]
+    for record in all_records(builder, split):
+        label = record[label_feature]
         if names is None:
-            labels.append(label.decode("utf-8"))
+            labels.append(_text(label))
         elif 0 <= label < len(names):
             labels.append(names[label])
         else:
@@ -289,7 +314,7 @@ def load_labelled_texts(builder: tfds.core.DatasetBuilder, split: str) -> Labell
                 f"Split {split!r} of {builder.name!r} has unlabelled examples (label {label}); evaluate a "
                 "labelled split (e.g. --config.eval.split=validation)."
             )
-        texts.append(example[text_feature].decode("utf-8"))
+        texts.append(_text(record[text_feature]))
     logging.info("Loaded %d %s examples from %s.", len(texts), split, builder.name)
     return LabelledTexts(texts, labels)
 

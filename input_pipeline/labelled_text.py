@@ -7,11 +7,11 @@ Files are checked before TFDS prepares anything (`check_labelled_files`): a
 missing or empty file, bytes that are not UTF-8, a line without a label and a
 tab, or a label of valid/test that never occurs in train stop the run with one
 message naming the file and line. Blank lines, and lines with a label but no
-text, are skipped and counted.
+text, are skipped and counted. The examples are prepared, as parallel text is, into
+ArrayRecord files (`local_text.py`) once per version of the files.
 """
 
 import dataclasses
-import hashlib
 import os
 from collections.abc import Iterator
 
@@ -19,6 +19,7 @@ import tensorflow_datasets as tfds
 from absl import logging
 
 from common.errors import UserInputError
+from input_pipeline.local_text import LocalTextBuilder, fingerprint
 from input_pipeline.parallel_text import SPLITS, read_lines
 
 SUFFIX = "tsv"
@@ -113,27 +114,22 @@ def check_labelled_files(folder: str, required_splits: tuple[str, ...]) -> dict[
     return found
 
 
-def _fingerprint(files: dict[str, str]) -> str:
-    """A short hash of the files' names, sizes and times: new data, new dataset."""
-    digest = hashlib.sha256()
-    for split in sorted(files):
-        stat = os.stat(files[split])
-        digest.update(f"{os.path.abspath(files[split])}:{stat.st_size}:{stat.st_mtime_ns};".encode())
-    return digest.hexdigest()[:12]
-
-
-class LabelledText(tfds.core.GeneratorBasedBuilder):
+class LabelledText(LocalTextBuilder):
     """Labelled sentences from local `label<TAB>text` files; features 'text' and 'label' (strings)."""
 
-    VERSION = tfds.core.Version("1.0.0")
-    RELEASE_NOTES = {"1.0.0": "Initial release."}
+    VERSION = tfds.core.Version("2.0.0")
+    RELEASE_NOTES = {
+        "1.0.0": "Initial release.",
+        "2.0.0": "Prepared in ArrayRecord files (random access, read without TensorFlow).",
+    }
 
     def __init__(self, *, path: str, required_splits: tuple[str, ...] = ("train",), **kwargs):
         self._files = check_labelled_files(path, required_splits)
-        config = tfds.core.BuilderConfig(
-            name=f"tsv-{_fingerprint(self._files)}", description=f"Labelled text from {os.path.abspath(path)}"
+        super().__init__(
+            config_name=f"tsv-{fingerprint(self._files[split] for split in sorted(self._files))}",
+            description=f"Labelled text from {os.path.abspath(path)}",
+            **kwargs,
         )
-        super().__init__(config=config, **kwargs)
 
     def _info(self) -> tfds.core.DatasetInfo:
         return self.dataset_info_from_configs(

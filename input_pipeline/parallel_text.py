@@ -17,24 +17,17 @@ files; a pair with an empty side is counted here, left out of training by the st
 
 import dataclasses
 import gzip
-import hashlib
 import os
 from collections.abc import Iterator
 
 import tensorflow_datasets as tfds
 from absl import logging
-from array_record.python.array_record_module import ArrayRecordWriter
 
 from common.errors import UserInputError
-from input_pipeline.record_source import encode_text_example
+from input_pipeline.local_text import LocalTextBuilder, fingerprint
 
 SPLITS = ("train", "valid", "test")
 _BLOCK_BYTES = 16 << 20  # Read at a time by the checks.
-# A record per chunk, so that a record is read alone. Uncompressed: a sentence pair compressed alone
-# shrinks little (200k pairs of the 4.5M-pair corpus: 56 MB with the default zstd:3, 69 MB without),
-# while zstd took 4x the time to write and 2x to read a record (10.8 and 7.6 µs, against 2.5 and
-# 3.3; a 2-core AMD EPYC with AVX2, 2026-11-24).
-_WRITER_OPTIONS = "group_size:1,uncompressed"
 
 
 def split_file(folder: str, split: str, lang: str) -> str | None:
@@ -191,17 +184,7 @@ def check_parallel_files(
     return checked
 
 
-def _fingerprint(files: dict[str, SplitFiles]) -> str:
-    """A short hash of the files' names, sizes and times: new data, new dataset."""
-    digest = hashlib.sha256()
-    for split in sorted(files):
-        for path in (files[split].source, files[split].target):
-            stat = os.stat(path)
-            digest.update(f"{os.path.abspath(path)}:{stat.st_size}:{stat.st_mtime_ns};".encode())
-    return digest.hexdigest()[:12]
-
-
-class ParallelText(tfds.core.GeneratorBasedBuilder):
+class ParallelText(LocalTextBuilder):
     """Aligned sentence pairs from local text files, prepared once into ArrayRecord files."""
 
     VERSION = tfds.core.Version("3.0.0")
@@ -223,11 +206,13 @@ class ParallelText(tfds.core.GeneratorBasedBuilder):
         self._folder, self._required_splits = path, required_splits
         self._files = find_parallel_files(path, source_lang, target_lang, required_splits)
         self._source_lang, self._target_lang = source_lang, target_lang
-        config = tfds.core.BuilderConfig(
-            name=f"{source_lang}-{target_lang}-{_fingerprint(self._files)}",
+        files = [self._files[split] for split in sorted(self._files)]
+        files_hash = fingerprint(side for split_files in files for side in (split_files.source, split_files.target))
+        super().__init__(
+            config_name=f"{source_lang}-{target_lang}-{files_hash}",
             description=f"Parallel text from {os.path.abspath(path)}",
+            **kwargs,
         )
-        super().__init__(config=config, file_format="array_record", **kwargs)
 
     def download_and_prepare(self, **kwargs) -> None:
         """Prepares the dataset unless a run did before; checks the files first, so that bad ones leave no trace."""
@@ -248,50 +233,29 @@ class ParallelText(tfds.core.GeneratorBasedBuilder):
             disable_shuffling=True,
         )
 
-    def _download_and_prepare(self, dl_manager, download_config=None) -> None:
-        """Writes each split into one ArrayRecord file, a pair at a time, in file order.
-
-        Not TFDS's writer: it holds up to 1 GB of examples in memory, then reads a whole split back
-        from disk to sort it by key (peak RSS 3.0 GB preparing 0.95 GB of text, against 0.5 GB here).
-        """
-        del download_config
-        split_infos = []
-        for split, examples in self._split_generators(dl_manager).items():
-            template = tfds.core.ShardedFileTemplate(
-                data_dir=self.data_path, dataset_name=self.name, split=split, filetype_suffix="array_record"
-            )
-            path = template.sharded_filepath(shard_index=0, num_shards=1)
-            writer = ArrayRecordWriter(os.fspath(path), _WRITER_OPTIONS)
-            num_examples = num_bytes = num_full = 0
-            for _, example in examples:
-                record = encode_text_example(example)  # The Text features' record, 8x faster (record_source.py).
-                writer.write(record)
-                num_examples, num_bytes = num_examples + 1, num_bytes + len(record)
-                num_full += all(example.values())
-            writer.close()
-            if num_full < num_examples:
-                logging.warning(
-                    "%s: %d of %d pairs have an empty side; training leaves them out, evaluation translates "
-                    "an empty source as an empty line.",
-                    self._files[split].source,
-                    num_examples - num_full,
-                    num_examples,
-                )
-            if not num_full:
-                files = self._files[split]
-                raise UserInputError(f"{files.source} and {files.target} hold no pair with text on both sides.")
-            split_infos.append(
-                tfds.core.SplitInfo(
-                    name=split, shard_lengths=[num_examples], num_bytes=num_bytes, filename_template=template
-                )
-            )
-        self.info.set_splits(tfds.core.SplitDict(split_infos))
-
     def _split_generators(self, dl_manager):
         del dl_manager  # Nothing to download.
         return {split: self._generate_examples(files) for split, files in self._files.items()}
 
     def _generate_examples(self, files: SplitFiles) -> Iterator[tuple[int, dict]]:
+        """Every line pair, stripped, in file order; then counts the pairs with an empty side.
+
+        Raises:
+            UserInputError: no pair has text on both sides (after all were written: the split is not kept).
+        """
         lines = zip(read_lines(files.source), read_lines(files.target), strict=True)  # Counts checked.
+        num_pairs = num_full = 0
         for index, (source, target) in enumerate(lines):
-            yield index, {self._source_lang: source.strip(), self._target_lang: target.strip()}
+            source, target = source.strip(), target.strip()
+            num_pairs, num_full = num_pairs + 1, num_full + bool(source and target)
+            yield index, {self._source_lang: source, self._target_lang: target}
+        if num_full < num_pairs:
+            logging.warning(
+                "%s: %d of %d pairs have an empty side; training leaves them out, evaluation translates "
+                "an empty source as an empty line.",
+                files.source,
+                num_pairs - num_full,
+                num_pairs,
+            )
+        if not num_full:
+            raise UserInputError(f"{files.source} and {files.target} hold no pair with text on both sides.")

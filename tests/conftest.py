@@ -8,6 +8,7 @@ import sys
 
 import pytest
 from tensorboardX.proto import event_pb2
+from without_tensorflow import finders_without_tensorflow
 
 from models import TransformerConfig
 from training.runtime import host_memory
@@ -86,6 +87,19 @@ def entry_point_env() -> dict[str, str]:
     return host_memory.allocator_environment(host_memory.DEFAULT_ALLOCATOR, env) or env
 
 
+# `run_entry_point(WITHOUT_TENSORFLOW, script, args...)`: the script as where TensorFlow (the `tensorflow` extra) is not
+# installed.
+WITHOUT_TENSORFLOW = os.path.join(REPO_ROOT, "tests", "without_tensorflow.py")
+
+
+@pytest.fixture
+def without_tensorflow(monkeypatch):
+    """`import tensorflow` fails in this test, as where the `tensorflow` extra is not installed."""
+    for name in [name for name in sys.modules if name.partition(".")[0] == "tensorflow"]:
+        monkeypatch.delitem(sys.modules, name)  # Imported by an earlier test: imported anew (and failing) here.
+    monkeypatch.setattr(sys, "meta_path", finders_without_tensorflow(sys.meta_path))
+
+
 def run_entry_point(script: str, *args: str, stdin: str | bytes | None = None) -> subprocess.CompletedProcess:
     """Runs `python <script> <args>` from the repository root as a user would, on the CPU, with a timeout.
 
@@ -105,6 +119,30 @@ def run_entry_point(script: str, *args: str, stdin: str | bytes | None = None) -
         for out in (result.stdout, result.stderr)
     )
     return result
+
+
+def write_tfds_metadata(data_dir, name: str, splits: dict[str, int], file_format: str = "array_record") -> str:
+    """Writes into `data_dir` the metadata of the TFDS dataset `name` prepared in `file_format`, without examples.
+
+    `tfds.testing.mock_data` (policy USE_FILES, data_dir=the returned folder) reads the split names from it;
+    without it the mocked builder has no splits at all.
+    """
+    import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top  (only the named-dataset tests)
+
+    with tfds.testing.mock_data(policy=tfds.testing.MockPolicy.USE_CODE):
+        builder = tfds.builder(name, file_format=file_format)
+        builder.info.set_splits(
+            tfds.core.SplitDict(
+                [
+                    tfds.core.SplitInfo(name=split, shard_lengths=[n], num_bytes=0, filename_template=None)
+                    for split, n in splits.items()
+                ]
+            )
+        )
+        version_dir = os.path.join(str(data_dir), builder.info.full_name)  # name[/config]/version
+        os.makedirs(version_dir)
+        builder.info.write_to_directory(version_dir)
+    return str(data_dir)
 
 
 def read_events(directory: str) -> list[event_pb2.Event]:

@@ -1,7 +1,7 @@
 """Bad input stops a run with one clear `error:` line, a non-zero exit and an untouched workdir.
 
 Each CLI case runs the real `train.py` in a subprocess (a few seconds each: it
-imports JAX and TensorFlow); fast function-level tests cover more variants.
+imports JAX); fast function-level tests cover more variants.
 """
 
 import gzip
@@ -11,7 +11,7 @@ import subprocess
 
 import pytest
 from conftest import BUNDLED_CORPUS as CORPUS
-from conftest import run_entry_point, tiny_config
+from conftest import WITHOUT_TENSORFLOW, run_entry_point, tiny_config
 
 from common.errors import UserInputError
 from configs import tiny
@@ -333,6 +333,32 @@ def test_cli_bad_data(tmp_path, kind, workdir_exists):
     result = run_train(workdir, "--config.dataset.name=parallel_text", f"--config.dataset.path={folder}")
     assert_clean_failure(result, *expected_words(kind, path))
     assert snapshot(workdir) == before
+
+
+@pytest.mark.parametrize(
+    "config, dataset, extra_args",
+    [
+        ("tiny", "wmt14_translate/de-en", []),
+        ("classify_tiny", "glue/sst2", ["--config.dataset.valid_split=validation", "--config.eval.split=validation"]),
+    ],
+)
+def test_cli_named_dataset_to_prepare_without_tensorflow(tmp_path, config, dataset, extra_args):
+    """TensorFlow is an extra: preparing a named TFDS dataset without it is one line naming the dataset and extra."""
+    workdir, data_dir = tmp_path / "workdir", tmp_path / "tfds"
+    result = run_entry_point(
+        WITHOUT_TENSORFLOW,
+        "train.py",
+        f"--config=configs/{config}.py",
+        f"--workdir={workdir}",
+        f"--config.dataset.name={dataset}",
+        "--config.dataset.path=",
+        f"--config.dataset.data_dir={data_dir}",
+        *extra_args,
+    )
+    assert_clean_failure(
+        result, f"error: preparing the TFDS dataset '{dataset}' needs TensorFlow: pip install -e \".[tensorflow]\""
+    )
+    assert snapshot(workdir) is None and snapshot(data_dir) is None
 
 
 @pytest.mark.parametrize("workdir_exists", [True, False], ids=["empty_workdir", "no_workdir"])

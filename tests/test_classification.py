@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import tensorflow_datasets as tfds
-from conftest import TINY_MODEL
+from conftest import TINY_MODEL, write_tfds_metadata
 
 from common.errors import UserInputError
 from common.special_ids import BOS_ID, EOS_ID, PAD_ID
@@ -18,6 +18,7 @@ from configs import classify, classify_tiny
 from input_pipeline import batching, datasets, labelled_text
 from input_pipeline.batching import LabelledIds, RaggedIds, TrainBatches
 from input_pipeline.corpus import labels_from_training, load_labels, save_labels
+from input_pipeline.record_source import ArrayRecordSource
 from input_pipeline.tokenizer import train_tokenizer
 from models.build import make_model
 from models.classifier import Classifier, ClassifierConfig, mean_over_real_tokens
@@ -189,13 +190,25 @@ def _write_tsv(folder, name, lines, compress=False):
     return path
 
 
-def test_labelled_text_builder_reads_any_folder(tmp_path):
+def test_labelled_text_builder_reads_any_folder(tmp_path, monkeypatch, without_tensorflow):
+    """Prepared in ArrayRecord files and read back by random access, as translation's records are: no TensorFlow."""
     folder = str(tmp_path / "data")
     os.makedirs(folder)
     _write_tsv(folder, "train.tsv", ["pos\tGood film.", "neg\tBad film.", "", "pos\t   ", "neg\tDull."], compress=True)
     _write_tsv(folder, "test.tsv", ["neg\tAwful.", "pos\tGreat."])
-    builder = labelled_text.LabelledText(path=folder, required_splits=("train",), data_dir=str(tmp_path / "tfds"))
-    builder.download_and_prepare()
+    monkeypatch.setattr(tfds.core.DatasetBuilder, "as_dataset", lambda *_, **__: pytest.fail("read with tf.data"))
+    dataset = classify_tiny.get_config().dataset
+    dataset.path, dataset.data_dir = folder, str(tmp_path / "tfds")
+    builder = datasets.make_labelled_builder(dataset, str(tmp_path / "work"), required_splits=("train",))
+    assert isinstance(builder, labelled_text.LabelledText)
+    assert builder.info.file_format == tfds.core.FileFormat.ARRAY_RECORD
+    assert sorted(os.listdir(builder.data_dir)) == [
+        "dataset_info.json",
+        "features.json",
+        "labelled_text-test.array_record-00000-of-00001",
+        "labelled_text-train.array_record-00000-of-00001",
+    ]
+    assert isinstance(datasets.records(builder, "train"), ArrayRecordSource)
     train = datasets.load_labelled_texts(builder, "train")
     assert train.texts == ["Good film.", "Bad film.", "Dull."] and train.labels == ["pos", "neg", "neg"]
     assert datasets.load_labelled_texts(builder, "test").labels == ["neg", "pos"]
@@ -250,22 +263,45 @@ def test_labels_survive_the_workdir_and_name_the_majority(tmp_path):
 # --- Named TFDS datasets (offline, mock_data) --------------------------------------------------------------
 
 
-def _metadata_dir(root, name: str, splits: dict[str, int]) -> str:
-    """A TFDS data_dir holding only the metadata (with these splits) of `name`, for `mock_data`."""
-    with tfds.testing.mock_data(policy=tfds.testing.MockPolicy.USE_CODE):
-        builder = tfds.builder(name)
-        builder.info.set_splits(
-            tfds.core.SplitDict(
-                [
-                    tfds.core.SplitInfo(name=split, shard_lengths=[n], num_bytes=0, filename_template=None)
-                    for split, n in splits.items()
-                ]
-            )
+class FakeReviews(tfds.core.GeneratorBasedBuilder, skip_registration=True):
+    """A named dataset as imdb_reviews is (one Text, one ClassLabel), prepared here by TFDS's own writer."""
+
+    VERSION = tfds.core.Version("1.0.0")
+
+    def _info(self) -> tfds.core.DatasetInfo:
+        features = {"text": tfds.features.Text(), "label": tfds.features.ClassLabel(names=["neg", "pos"])}
+        return tfds.core.DatasetInfo(
+            builder=self, features=tfds.features.FeaturesDict(features), disable_shuffling=True
         )
-        version_dir = os.path.join(str(root), builder.info.full_name)  # name[/config]/version
-        os.makedirs(version_dir)
-        builder.info.write_to_directory(version_dir)
-    return str(root)
+
+    def _split_generators(self, dl_manager):
+        del dl_manager
+        return {
+            "train": self._generate_examples([("Good film.", 1), ("Bad film.", 0), ("Dull.", 0)]),
+            "test": self._generate_examples([("Not labelled.", -1)]),  # As GLUE's test splits.
+        }
+
+    def _generate_examples(self, rows):
+        for key, (text, label) in enumerate(rows):
+            yield key, {"text": text, "label": label}
+
+
+def test_a_named_dataset_prepared_as_array_record_is_read_by_random_access(tmp_path, monkeypatch, without_tensorflow):
+    """Read from its files (the builder's code not needed), record by record, as translation reads: no TensorFlow."""
+    data_dir = str(tmp_path / "tfds")
+    FakeReviews(data_dir=data_dir).download_and_prepare(file_format="array_record")
+    monkeypatch.setattr(tfds.core.DatasetBuilder, "as_dataset", lambda *_, **__: pytest.fail("read with tf.data"))
+    dataset = classify_tiny.get_config().dataset
+    dataset.name, dataset.path, dataset.data_dir = "fake_reviews", "", data_dir
+
+    builder = datasets.make_labelled_builder(dataset, str(tmp_path / "work"), required_splits=("train",))
+
+    assert isinstance(datasets.records(builder, "train"), ArrayRecordSource)
+    assert datasets.text_and_label_features(builder) == ("text", "label", ["neg", "pos"])
+    train = datasets.load_labelled_texts(builder, "train")
+    assert train.texts == ["Good film.", "Bad film.", "Dull."] and train.labels == ["pos", "neg", "neg"]
+    with pytest.raises(UserInputError, match=r"Split 'test' of 'fake_reviews' has unlabelled examples \(label -1\)"):
+        datasets.load_labelled_texts(builder, "test")
 
 
 @pytest.mark.parametrize(
@@ -275,8 +311,8 @@ def _metadata_dir(root, name: str, splits: dict[str, int]) -> str:
         ("glue/sst2", {"train": 20, "validation": 10, "test": 10}, ["negative", "positive"]),
     ],
 )
-def test_named_text_classification_datasets_under_mock_data(tmp_path, name, splits, names):
-    metadata = _metadata_dir(tmp_path / "metadata", name, splits)
+def test_named_text_classification_datasets_under_mock_data(tmp_path, name, splits, names, without_tensorflow):
+    metadata = write_tfds_metadata(tmp_path / "metadata", name, splits)
     dataset = classify_tiny.get_config().dataset
     dataset.name, dataset.path, dataset.data_dir = name, "", str(tmp_path / "tfds")
     with tfds.testing.mock_data(num_examples=6, policy=tfds.testing.MockPolicy.USE_FILES, data_dir=metadata):
@@ -289,8 +325,21 @@ def test_named_text_classification_datasets_under_mock_data(tmp_path, name, spli
     assert set(texts.labels) <= set(names)
 
 
+def test_preparing_a_named_classification_dataset_without_tensorflow_says_how_to_install_it(
+    tmp_path, monkeypatch, without_tensorflow
+):
+    monkeypatch.setattr(tfds.core.DatasetBuilder, "download_and_prepare", lambda *_, **__: pytest.fail("prepared"))
+    dataset = classify_tiny.get_config().dataset
+    dataset.name, dataset.path, dataset.data_dir = "imdb_reviews", "", str(tmp_path / "tfds")
+    with pytest.raises(UserInputError) as error:
+        datasets.make_labelled_builder(dataset, str(tmp_path / "work"), required_splits=("train",))
+    assert str(error.value).startswith(
+        "preparing the TFDS dataset 'imdb_reviews' needs TensorFlow: pip install -e \".[tensorflow]\" (or prepare it"
+    )
+
+
 def test_a_translation_dataset_is_not_text_classification(tmp_path):
-    metadata = _metadata_dir(tmp_path / "metadata", "wmt14_translate/de-en", {"train": 10})
+    metadata = write_tfds_metadata(tmp_path / "metadata", "wmt14_translate/de-en", {"train": 10})
     dataset = classify_tiny.get_config().dataset
     dataset.name, dataset.path, dataset.data_dir = "wmt14_translate/de-en", "", str(tmp_path / "tfds")
     with (

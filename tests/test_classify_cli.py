@@ -6,7 +6,7 @@ import json
 import os
 
 import pytest
-from conftest import REPO_ROOT, run_entry_point
+from conftest import REPO_ROOT, WITHOUT_TENSORFLOW, run_entry_point
 from test_bad_input import assert_clean_failure, snapshot
 
 pytestmark = pytest.mark.slow
@@ -30,8 +30,10 @@ def topics_slice(tmp_path_factory) -> str:
 
 @pytest.fixture(scope="module")
 def trained_workdir(topics_slice, tmp_path_factory) -> str:
+    """Trained and evaluated where TensorFlow is not installed (the base install)."""
     workdir = str(tmp_path_factory.mktemp("classify") / "run")
     trained = run_entry_point(
+        WITHOUT_TENSORFLOW,
         "train.py",
         "--config=configs/classify_tiny.py",
         f"--workdir={workdir}",

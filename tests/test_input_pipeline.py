@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 import tensorflow_datasets as tfds
 from conftest import BUNDLED_CORPUS as CORPUS
+from conftest import write_tfds_metadata
 
 from common.errors import UserInputError
 from common.special_ids import EOS_ID, PAD_ID
@@ -148,22 +149,7 @@ def test_local_builder_refuses_a_missing_required_split(tmp_path, corpus_slice, 
 # --- Named TFDS datasets, mocked ----------------------------------------------------------------------------
 
 
-def write_wmt_metadata(data_dir, file_format: str) -> str:
-    """Writes into `data_dir` the metadata of wmt14_translate/de-en prepared in `file_format` (no examples)."""
-    with tfds.testing.mock_data(policy=tfds.testing.MockPolicy.USE_CODE):
-        builder = tfds.builder("wmt14_translate/de-en", file_format=file_format)
-        builder.info.set_splits(
-            tfds.core.SplitDict(
-                [
-                    tfds.core.SplitInfo(name=name, shard_lengths=[n], num_bytes=0, filename_template=None)
-                    for name, n in (("train", 100), ("validation", 10), ("test", 10))
-                ]
-            )
-        )
-        version_dir = data_dir / "wmt14_translate" / "de-en" / str(builder.version)
-        version_dir.mkdir(parents=True)
-        builder.info.write_to_directory(str(version_dir))
-    return str(data_dir)
+WMT_SPLITS = {"train": 100, "validation": 10, "test": 10}
 
 
 @pytest.fixture(scope="module")
@@ -173,7 +159,7 @@ def wmt_metadata(tmp_path_factory):
     `mock_data` reads split names from it (policy USE_FILES); without it the
     mocked builder has no splits at all.
     """
-    return write_wmt_metadata(tmp_path_factory.mktemp("wmt_metadata"), "array_record")
+    return write_tfds_metadata(tmp_path_factory.mktemp("wmt_metadata"), "wmt14_translate/de-en", WMT_SPLITS)
 
 
 @pytest.fixture
@@ -213,7 +199,8 @@ def wmt_dataset(tmp_path, source_lang="en", target_lang="de"):
     return dataset
 
 
-def test_named_dataset_under_mock_data(tmp_path, wmt_metadata, offline, mock_getitems):
+def test_named_dataset_under_mock_data(tmp_path, wmt_metadata, offline, mock_getitems, without_tensorflow):
+    """A prepared named dataset (here mocked) is read through its data source, without TensorFlow."""
     dataset = wmt_dataset(tmp_path)
     with tfds.testing.mock_data(num_examples=7, policy=tfds.testing.MockPolicy.USE_FILES, data_dir=wmt_metadata):
         builder = datasets.make_builder(dataset, str(tmp_path / "work"), required_splits=("train", "validation"))
@@ -244,6 +231,8 @@ def test_named_dataset_that_cannot_be_prepared(tmp_path, monkeypatch, failure, r
         raise failure
 
     monkeypatch.setattr(tfds.core.GeneratorBasedBuilder, "_download_and_prepare", fail)
+    tensorflow_imports = []  # TensorFlow as if installed (its import costs ~0.8 GB): the preparation fails after it.
+    monkeypatch.setattr(datasets, "_import_tensorflow_off_accelerators", tensorflow_imports.append)
     with pytest.raises(reported) as error:
         datasets.make_builder(wmt_dataset(tmp_path), str(tmp_path / "work"), required_splits=("train",))
     if reported is UserInputError:
@@ -253,12 +242,26 @@ def test_named_dataset_that_cannot_be_prepared(tmp_path, monkeypatch, failure, r
         )
     else:
         assert error.value is failure
+    assert [dataset.name for dataset in tensorflow_imports] == ["wmt14_translate/de-en"]
+
+
+def test_preparing_a_named_dataset_without_tensorflow_says_how_to_install_it(tmp_path, offline, without_tensorflow):
+    """TFDS's generators of named datasets need TensorFlow, an extra: one line naming the dataset and the extra."""
+    with pytest.raises(UserInputError) as error:
+        datasets.make_builder(wmt_dataset(tmp_path), str(tmp_path / "work"), required_splits=("train",))
+    assert str(error.value) == (
+        "preparing the TFDS dataset 'wmt14_translate/de-en' needs TensorFlow: pip install -e \".[tensorflow]\" "
+        "(or prepare it where TensorFlow is installed: `tfds build wmt14_translate/de-en --file_format=array_record "
+        "--data_dir=DIR`, and set --config.dataset.data_dir=DIR)."
+    )
+    assert offline == []  # Nothing was downloaded or generated.
+    assert not (tmp_path / "tfds").exists() and not (tmp_path / "work").exists()
 
 
 def test_named_dataset_prepared_as_tfrecord_says_how_to_prepare_it(tmp_path, offline):
     """A dataset the user prepared earlier without ArrayRecord files: one line saying how to prepare it again."""
     dataset = wmt_dataset(tmp_path)
-    metadata = write_wmt_metadata(tmp_path / "tfrecord_metadata", "tfrecord")
+    metadata = write_tfds_metadata(tmp_path / "tfrecord_metadata", "wmt14_translate/de-en", WMT_SPLITS, "tfrecord")
     with (
         tfds.testing.mock_data(policy=tfds.testing.MockPolicy.USE_FILES, data_dir=metadata),
         pytest.raises(UserInputError) as error,

@@ -23,8 +23,7 @@ import time
 import jax
 import numpy as np
 import pytest
-import tensorflow as tf
-from conftest import FAST_COMPILE_XLA_FLAGS, REPO_ROOT, tiny_config
+from conftest import FAST_COMPILE_XLA_FLAGS, REPO_ROOT, read_events, tiny_config
 from test_train_loop import _restore
 
 from input_pipeline import streaming
@@ -80,11 +79,10 @@ def _read(path: str) -> str:
 def _train_losses(workdir: str) -> dict[int, float]:
     """{step: loss} from the run's TensorBoard event files."""
     losses = {}
-    for path in glob.glob(os.path.join(workdir, "tensorboard", "train", "events.*")):
-        for event in tf.compat.v1.train.summary_iterator(path):
-            for value in event.summary.value:
-                if value.tag == "loss":
-                    losses[event.step] = value.simple_value
+    for event in read_events(os.path.join(workdir, "tensorboard", "train")):
+        for value in event.summary.value:
+            if value.tag == "loss":
+                losses[event.step] = value.simple_value
     return losses
 
 

@@ -7,16 +7,17 @@ import subprocess
 import sys
 
 import pytest
-from conftest import REPO_ROOT, run_entry_point
+from conftest import REPO_ROOT, WITHOUT_TENSORFLOW, run_entry_point
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
 def trained_workdir(small_corpus, tmp_path_factory):
-    """A tiny run trained for 4 steps through the CLI (which also saves its config.json)."""
+    """A tiny run trained for 4 steps through the CLI (which also saves its config.json), without TensorFlow."""
     workdir = str(tmp_path_factory.mktemp("translate") / "run")
     trained = run_entry_point(
+        WITHOUT_TENSORFLOW,
         "train.py",
         "--config=configs/tiny.py",
         f"--workdir={workdir}",
