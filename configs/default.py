@@ -58,7 +58,8 @@ def get_config() -> ml_collections.ConfigDict:
     config.peak_flops_per_device = 0.0
     # How glibc's malloc serves XLA:CPU's per-step buffers (common/host_memory.py): 'huge_pages'
     # (fewer page faults, glibc's memory use), 'keep_freed' (no page faults, fastest on CPU, 2-3x
-    # the peak RSS) or 'glibc' (its defaults). Only the host's memory; accelerators are unaffected.
+    # the peak RSS), 'mallopt' (keep_freed's settings without a restart) or 'glibc' (its defaults).
+    # Only the host's memory; accelerators are unaffected.
     config.host_allocator = host_memory.DEFAULT_ALLOCATOR
 
     # The device mesh: data x fsdp x tensor must equal the number of devices;

@@ -100,6 +100,14 @@ def test_keep_freed_reuses_a_freed_buffer_without_faulting_its_pages_again(tmp_p
 
 
 @needs_glibc
+def test_mallopt_reuses_a_freed_buffer_without_faulting_its_pages_again_and_without_a_restart(tmp_path):
+    probe = _run_probe(tmp_path, "mallopt")
+    assert len(probe["pid"]) == 2  # Set in the running process.
+    assert probe["tunables"] == [""]
+    assert int(probe["faults"][0]) < SMALL_PAGES // 100  # Slack: the thread's stack, Python.
+
+
+@needs_glibc
 def test_glibc_maps_a_large_buffer_anew_and_faults_every_page_each_time(tmp_path):
     # What the other two fix.
     probe = _run_probe(tmp_path, "glibc")
@@ -155,6 +163,6 @@ def test_train_py_names_an_unknown_allocator_in_one_line(tmp_path):
     )
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [
-        "error: config.host_allocator is 'tcmalloc'; choose one of ('huge_pages', 'keep_freed', 'glibc')."
+        "error: config.host_allocator is 'tcmalloc'; choose one of ('huge_pages', 'keep_freed', 'mallopt', 'glibc')."
     ]
     assert not (tmp_path / "run").exists()
