@@ -16,9 +16,12 @@ Workloads:
 - config_r: benchmarks/peer_throughput.py's config R step in bfloat16, this project's alone
   (one batch of random ids, no stream); target tokens/s.
 
-Allocators (`ALLOCATORS`): glibc's defaults; the tunables of 'huge_pages' and 'keep_freed' set by
-a restart, and 'mallopt', keep_freed's settings made in the process (common/host_memory.py);
-tcmalloc and jemalloc, Debian's libraries through LD_PRELOAD (`--tcmalloc`, `--jemalloc`).
+Allocators (`ALLOCATORS`), each set in the process's environment: glibc's defaults, its
+`hugetlb` tunable ('huge_pages'), freed memory kept for reuse ('mallopt', the start-up's setting,
+common/host_memory.py; 'keep_freed', the same through GLIBC_TUNABLES: their difference shows the
+run's resolution), tcmalloc and jemalloc (Debian's libraries through LD_PRELOAD, `--tcmalloc`,
+`--jemalloc`). A process waits while the others run their rounds: an allocator that gives freed
+memory back to the kernel on a timer (jemalloc's decay) may fault it in again after each wait.
 
 Reported per workload and allocator: the median over rounds of its tokens/s, their range, the
 median's ratio to the fastest allocator's, the median over rounds of each round's ratio to the
@@ -47,19 +50,20 @@ REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 @dataclasses.dataclass(frozen=True)
 class Allocator:
     how: str  # What a user does to run with it.
-    host_allocator: str  # The benchmarks' --host_allocator (common/host_memory.py).
+    tunables: str = ""  # GLIBC_TUNABLES; any glibc.malloc tunable turns the start-up's mallopt off.
     preload_flag: str = ""  # The flag naming the library for LD_PRELOAD, if any.
 
 
 ALLOCATORS = {
-    "glibc": Allocator("nothing: glibc's defaults", "glibc"),
-    "huge_pages": Allocator("GLIBC_TUNABLES=glibc.malloc.hugetlb=1, set by restarting the process", "huge_pages"),
+    "glibc": Allocator("GLIBC_TUNABLES=glibc.malloc.hugetlb=0 (its default value)", "glibc.malloc.hugetlb=0"),
+    "huge_pages": Allocator("GLIBC_TUNABLES=glibc.malloc.hugetlb=1", "glibc.malloc.hugetlb=1"),
     "keep_freed": Allocator(
-        "GLIBC_TUNABLES arena_max=1, mmap_max=0, trim_threshold=2^62, set by restarting the process", "keep_freed"
+        "GLIBC_TUNABLES with the start-up's mallopt settings (one arena, no mmap, trim threshold 2^62)",
+        "glibc.malloc.arena_max=1:glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=4611686018427387904",
     ),
-    "mallopt": Allocator("mallopt(M_ARENA_MAX 1, M_MMAP_MAX 0, M_TRIM_THRESHOLD -1) at start-up", "mallopt"),
-    "tcmalloc": Allocator("LD_PRELOAD of gperftools' tcmalloc (minimal)", "glibc", "tcmalloc"),
-    "jemalloc": Allocator("LD_PRELOAD of jemalloc", "glibc", "jemalloc"),
+    "mallopt": Allocator("nothing: mallopt(M_ARENA_MAX 1, M_MMAP_MAX 0, M_TRIM_THRESHOLD -1) at start-up"),
+    "tcmalloc": Allocator("LD_PRELOAD of gperftools' tcmalloc (minimal)", preload_flag="tcmalloc"),
+    "jemalloc": Allocator("LD_PRELOAD of jemalloc", preload_flag="jemalloc"),
 }
 
 
@@ -67,7 +71,6 @@ ALLOCATORS = {
 class Workload:
     description: str
     arguments: tuple[str, ...]  # The benchmark script and its flags.
-    allocator_flag: str  # How the script is given a host allocator.
     steps_flag: str  # This benchmark's flag for the steps of a round.
 
 
@@ -75,13 +78,11 @@ WORKLOADS = {
     "quickstart": Workload(
         "the quick-start's packed step and stream (configs/quickstart.py, dtype 'auto'), real target tokens/s",
         ("benchmarks/train_throughput.py", "--config=configs/quickstart.py", "--batchings=packed"),
-        "--config.host_allocator",
         "quickstart_steps",
     ),
     "config_r": Workload(
         "config R's step in bfloat16 (benchmarks/peer_throughput.py, this project's step only), target tokens/s",
         ("benchmarks/peer_throughput.py", "--variants=bfloat16", "--frameworks=jax"),
-        "--host_allocator",
         "config_r_steps",
     ),
 }
@@ -135,23 +136,20 @@ class _Process:
 
 
 def _environment(allocator: Allocator) -> dict[str, str]:
-    """This process's environment without allocator settings, plus `allocator`'s preload."""
-    environment = {
-        key: value
-        for key, value in os.environ.items()
-        if key not in ("GLIBC_TUNABLES", "LD_PRELOAD", "AIAYN_HOST_ALLOCATOR")
-    }
+    """This process's environment with `allocator`'s settings in place of its own."""
+    environment = {key: value for key, value in os.environ.items() if key not in ("GLIBC_TUNABLES", "LD_PRELOAD")}
     environment["PYTHONPATH"] = os.pathsep.join(filter(None, [REPO_ROOT, environment.get("PYTHONPATH")]))
     environment.update(JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="2")
+    if allocator.tunables:
+        environment["GLIBC_TUNABLES"] = allocator.tunables
     if allocator.preload_flag:
         environment["LD_PRELOAD"] = flags.FLAGS[allocator.preload_flag].value
     return environment
 
 
-def _command(workload: Workload, allocator: Allocator, workdir: str) -> list[str]:
+def _command(workload: Workload, workdir: str) -> list[str]:
     steps = flags.FLAGS[workload.steps_flag].value
-    command = [sys.executable, *workload.arguments, f"{workload.allocator_flag}={allocator.host_allocator}"]
-    command += [f"--steps={steps}", "--rounds_from_stdin"]
+    command = [sys.executable, *workload.arguments, f"--steps={steps}", "--rounds_from_stdin"]
     if workload.arguments[0].endswith("train_throughput.py"):
         command.append(f"--workdir={workdir}")  # Prepared by the first process, read by the others.
     return command
@@ -164,7 +162,7 @@ def _measure(workload: Workload, names: list[str], scratch: str) -> dict:
         allocator = ALLOCATORS[name]
         log_path = os.path.join(scratch, f"{workload.steps_flag}_{name}.log")
         processes[name] = _Process(
-            _command(workload, allocator, os.path.join(scratch, "workdir")), _environment(allocator), log_path
+            _command(workload, os.path.join(scratch, "workdir")), _environment(allocator), log_path
         )
         warm_up[name] = processes[name].run_round()  # Compiled and faulted in, before the next one starts.
         print(f"  {name}: started, untimed round {warm_up[name]:,.0f} tokens/s", flush=True)
@@ -215,7 +213,7 @@ def _debian_package(path: str) -> str | None:
 
 
 def _described(allocator: Allocator) -> dict:
-    described = {"how": allocator.how, "host_allocator": allocator.host_allocator}
+    described = {"how": allocator.how, "GLIBC_TUNABLES": allocator.tunables}
     if allocator.preload_flag:
         described["LD_PRELOAD"] = flags.FLAGS[allocator.preload_flag].value
     return described

@@ -34,9 +34,8 @@ matmuls in JAX (float32; bfloat16 operands with float32 output), the peaks again
 JAX step's model FLOPs give its MFU (float32 rows against the float32 peak, bfloat16 rows
 against the bfloat16 one).
 
-Both frameworks share the process and its allocator, `--host_allocator` (common/host_memory.py;
-train.py's `config.host_allocator`): 'huge_pages' by default as in train.py, or 'keep_freed',
-the fastest on CPU, 'mallopt' or 'glibc'. `--frameworks=jax` times this project's step alone
+Both frameworks share the process and its malloc, set at start-up as train.py sets it
+(common/host_memory.py). `--frameworks=jax` times this project's step alone
 (PyTorch need not be installed); `--rounds_from_stdin` lets benchmarks/host_allocators.py run
 the rounds of several such processes, one per allocator, in turn.
 
@@ -81,12 +80,6 @@ VARIANTS = {
 _VARIANTS = flags.DEFINE_list("variants", list(VARIANTS), f"Rows to measure, of: {', '.join(VARIANTS)}.")
 FRAMEWORKS = ("jax", "torch")  # This project's step, PyTorch's.
 _FRAMEWORKS = flags.DEFINE_list("frameworks", list(FRAMEWORKS), "Steps to time: this project's (jax), PyTorch's.")
-_HOST_ALLOCATOR = flags.DEFINE_enum(
-    "host_allocator",
-    host_memory.DEFAULT_ALLOCATOR,
-    host_memory.ALLOCATORS,
-    "How glibc's malloc serves both frameworks' buffers.",
-)
 _ROUNDS = flags.DEFINE_integer("rounds", 5, "Timed rounds; each runs every variant in both frameworks.", lower_bound=1)
 _STEPS = flags.DEFINE_integer("steps", 10, "Timed steps per variant, framework and round.", lower_bound=1)
 _WARMUP_STEPS = flags.DEFINE_integer(
@@ -314,10 +307,7 @@ def _report(configs: dict[str, ml_collections.ConfigDict], measured: _Measuremen
         if torch_module
         else "PyTorch not timed"
     )
-    print(
-        f"JAX {jax.__version__} ({jax.default_backend()}), {torch_threads}; {os.cpu_count()} CPUs visible; "
-        f"host allocator {_HOST_ALLOCATOR.value!r}."
-    )
+    print(f"JAX {jax.__version__} ({jax.default_backend()}), {torch_threads}; {os.cpu_count()} CPUs visible.")
     print(
         f"Matmul {_MATMUL_SIZE}^2 in JAX: float32 {peak['float32']:.0f} GFLOP/s, bfloat16 operands -> float32 "
         f"{peak['bfloat16']:.0f} GFLOP/s. Train step: {step_flops / 1e9:.1f} GFLOP (model FLOPs, training/flops.py)."
@@ -355,7 +345,7 @@ def _exit_with_error(message: str) -> None:
 
 def main(argv):
     del argv
-    host_memory.restart_with_allocator(_HOST_ALLOCATOR.value)  # Before JAX or PyTorch starts.
+    host_memory.keep_freed_buffers()  # As train.py runs; before JAX or PyTorch starts.
     torch = None
     if "torch" in _FRAMEWORKS.value:
         try:

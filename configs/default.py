@@ -14,8 +14,6 @@ with this codebase yet (no accelerator here); the same code runs end to end in
 import ml_collections
 from ml_collections import config_dict
 
-from common import host_memory
-
 
 def get_config() -> ml_collections.ConfigDict:
     """Returns the Transformer-base config."""
@@ -56,11 +54,6 @@ def get_config() -> ml_collections.ConfigDict:
     # Dense matmul peak of one device in FLOP/s, for the MFU in the training log (training/flops.py).
     # 0: from the table of accelerators (H100, H200, A100, TPU v4/v5e/v5p), or measured on a CPU.
     config.peak_flops_per_device = 0.0
-    # How glibc's malloc serves XLA:CPU's per-step buffers (common/host_memory.py): 'huge_pages'
-    # (fewer page faults, glibc's memory use), 'keep_freed' (no page faults, fastest on CPU, 2-3x
-    # the peak RSS), 'mallopt' (keep_freed's settings without a restart) or 'glibc' (its defaults).
-    # Only the host's memory; accelerators are unaffected.
-    config.host_allocator = host_memory.DEFAULT_ALLOCATOR
 
     # The device mesh: data x fsdp x tensor must equal the number of devices;
     # one axis may be -1, taking the devices the others leave.

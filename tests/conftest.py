@@ -9,7 +9,6 @@ import sys
 import pytest
 from tensorboardX.proto import event_pb2
 
-from common import host_memory
 from models import TransformerConfig
 
 # XLA_FLAGS for tests that compile many small programs in subprocesses (8-device layouts, one
@@ -76,14 +75,8 @@ def tiny_config(corpus_dir: str | None = None, **overrides):
 
 
 def entry_point_env() -> dict[str, str]:
-    """The environment the entry points run in, in tests: the CPU, quiet TensorFlow.
-
-    It is the environment an entry point restarts itself into for the default host allocator
-    (common/host_memory.py), which saves each launch its restart; tests/test_multi_host.py and
-    tests/test_preemption.py launch train.py without it, restart included.
-    """
-    env = dict(os.environ, JAX_PLATFORMS="cpu", CUDA_VISIBLE_DEVICES="", TF_CPP_MIN_LOG_LEVEL="2")
-    return host_memory.allocator_environment(host_memory.DEFAULT_ALLOCATOR, env) or env
+    """The environment the entry points run in, in tests: the CPU, quiet TensorFlow."""
+    return dict(os.environ, JAX_PLATFORMS="cpu", CUDA_VISIBLE_DEVICES="", TF_CPP_MIN_LOG_LEVEL="2")
 
 
 def run_entry_point(script: str, *args: str, stdin: str | bytes | None = None) -> subprocess.CompletedProcess:
