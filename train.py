@@ -99,8 +99,7 @@ def main(argv):
         raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
     config = _CONFIG.value
     try:
-        # Before any work: the process may start over here.
-        host_memory.restart_with_allocator(config.get("host_allocator", host_memory.DEFAULT_ALLOCATOR))
+        host_memory.keep_freed_buffers()  # Before JAX starts its threads.
         quiet_library_logs()
         # Before anything compiles (connecting several processes does).
         compilation_cache.enable(config.get("compilation_cache_dir", ""))

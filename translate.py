@@ -110,5 +110,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    host_memory.restart_with_allocator(host_memory.DEFAULT_ALLOCATOR)  # First: the process may start over.
+    host_memory.keep_freed_buffers()  # Before JAX starts its threads.
     app.run(main)

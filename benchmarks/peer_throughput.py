@@ -34,9 +34,10 @@ matmuls in JAX (float32; bfloat16 operands with float32 output), the peaks again
 JAX step's model FLOPs give its MFU (float32 rows against the float32 peak, bfloat16 rows
 against the bfloat16 one).
 
-Both frameworks share the process and its allocator, `--host_allocator` (training/runtime/host_memory.py;
-train.py's `config.host_allocator`): 'huge_pages' by default as in train.py, or 'keep_freed',
-the fastest on CPU, or 'glibc'.
+Both frameworks share the process and its malloc, set at start-up as train.py sets it
+(training/runtime/host_memory.py). `--frameworks=jax` times this project's step alone
+(PyTorch need not be installed); `--rounds_from_stdin` lets benchmarks/host_allocators.py run
+the rounds of several such processes, one per allocator, in turn.
 
 Take figures on a quiet machine: PyTorch's OpenMP threads suffer far more than XLA's pool from
 other work on the same cores (measured on 2 cores under a load of ~9: a PyTorch step 3x slower
@@ -45,12 +46,13 @@ with its default 2 threads than with 1).
 
 import contextlib
 import dataclasses
+import json
 import math
 import os
 import statistics
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 import jax
 import ml_collections
@@ -76,16 +78,18 @@ VARIANTS = {
 }
 
 _VARIANTS = flags.DEFINE_list("variants", list(VARIANTS), f"Rows to measure, of: {', '.join(VARIANTS)}.")
-_HOST_ALLOCATOR = flags.DEFINE_enum(
-    "host_allocator",
-    host_memory.DEFAULT_ALLOCATOR,
-    host_memory.ALLOCATORS,
-    "How glibc's malloc serves both frameworks' buffers.",
-)
+FRAMEWORKS = ("jax", "torch")  # This project's step, PyTorch's.
+_FRAMEWORKS = flags.DEFINE_list("frameworks", list(FRAMEWORKS), "Steps to time: this project's (jax), PyTorch's.")
 _ROUNDS = flags.DEFINE_integer("rounds", 5, "Timed rounds; each runs every variant in both frameworks.", lower_bound=1)
 _STEPS = flags.DEFINE_integer("steps", 10, "Timed steps per variant, framework and round.", lower_bound=1)
 _WARMUP_STEPS = flags.DEFINE_integer(
     "warmup_steps", 2, "Untimed steps before the rounds (the first compiles).", lower_bound=1
+)
+_ROUNDS_FROM_STDIN = flags.DEFINE_bool(
+    "rounds_from_stdin",
+    False,
+    "Instead of --rounds, a round for each line read from stdin until it closes; each round's tokens/s "
+    "printed as a line of JSON (benchmarks/host_allocators.py).",
 )
 _MATMUL_SIZE = 2048
 _MATMUL_REPEATS = 5  # Timed matmuls per dtype and round.
@@ -248,24 +252,35 @@ class _Measurements:
 
 
 def _measure(
-    configs: dict[str, ml_collections.ConfigDict], rounds: int, steps: int, warmup_steps: int
+    configs: dict[str, ml_collections.ConfigDict],
+    rounds: Iterable,
+    steps: int,
+    warmup_steps: int,
+    frameworks: list[str],
+    print_rounds: bool = False,
 ) -> _Measurements:
-    """Builds and warms up every variant's two steps, then times them (and the matmuls) in alternating rounds."""
+    """Builds and warms up every variant's steps in `frameworks`, then times them (and the matmuls) in
+    alternating rounds, one for each item of `rounds`; with `print_rounds`, prints each round's tokens/s as JSON."""
     runners, first_step_seconds = {}, {}
     for name, config in configs.items():
         batch = random_batch(config)
         for framework, make_step in (("jax", ProjectStep), ("torch", TorchStep)):
+            if framework not in frameworks:
+                continue
             runners[name, framework] = make_step(config, batch)
             first_step_seconds[name, framework] = _warm_up(runners[name, framework], warmup_steps)
 
     tokens_per_second = {key: [] for key in runners}
     matmul_gflops = {dtype: [] for dtype in ("float32", "bfloat16")}
-    for _ in range(rounds):
+    for round_index, _ in enumerate(rounds):
         for dtype, values in matmul_gflops.items():
             values.append(flops.measured_matmul_peak(dtype, _MATMUL_SIZE, _MATMUL_REPEATS) / 1e9)
         for (name, framework), step in runners.items():
             tokens = configs[name].per_device_batch_size * configs[name].dataset.max_length
             tokens_per_second[name, framework].append(tokens / _seconds_per_step(step, steps))
+        if print_rounds:
+            figures = {f"{name} {framework}": values[-1] for (name, framework), values in tokens_per_second.items()}
+            print(json.dumps({"round": round_index, "tokens_per_second": figures}), flush=True)
     return _Measurements(first_step_seconds, tokens_per_second, matmul_gflops)
 
 
@@ -286,11 +301,13 @@ def _report(configs: dict[str, ml_collections.ConfigDict], measured: _Measuremen
         f"{encoder_layers}+{decoder_layers} layers, {model.norm_placement}-LN, vocab {config.tokenizer.vocab_size:,}, "
         f"batch {batch_size} x {length} (no padding), label smoothing {config.optimizer.label_smoothing}, Adam."
     )
-    print(
-        f"JAX {jax.__version__} ({jax.default_backend()}), PyTorch {torch_module.__version__} "
-        f"(default threads: {torch_module.get_num_threads()} intra-op, {torch_module.get_num_interop_threads()} "
-        f"inter-op); {os.cpu_count()} CPUs visible; host allocator {_HOST_ALLOCATOR.value!r}."
+    torch_threads = (
+        f"PyTorch {torch_module.__version__} (default threads: {torch_module.get_num_threads()} intra-op, "
+        f"{torch_module.get_num_interop_threads()} inter-op)"
+        if torch_module
+        else "PyTorch not timed"
     )
+    print(f"JAX {jax.__version__} ({jax.default_backend()}), {torch_threads}; {os.cpu_count()} CPUs visible.")
     print(
         f"Matmul {_MATMUL_SIZE}^2 in JAX: float32 {peak['float32']:.0f} GFLOP/s, bfloat16 operands -> float32 "
         f"{peak['bfloat16']:.0f} GFLOP/s. Train step: {step_flops / 1e9:.1f} GFLOP (model FLOPs, training/flops.py)."
@@ -300,15 +317,15 @@ def _report(configs: dict[str, ml_collections.ConfigDict], measured: _Measuremen
     print("| variant | this project tok/s | PyTorch tok/s | ratio | JAX GFLOP/s | MFU |")
     print("|---|---:|---:|---:|---:|---:|")
     for name, variant_config in configs.items():
-        ours, theirs = median[name, "jax"], median[name, "torch"]
+        ours, theirs = median.get((name, "jax"), math.nan), median.get((name, "torch"), math.nan)
         gflops = step_flops / (tokens / ours) / 1e9
         mfu = gflops / peak[variant_config.model.dtype]
         print(f"| {name} | {ours:,.0f} | {theirs:,.0f} | {ours / theirs:.2f} | {gflops:.0f} | {mfu:.0%} |")
 
     print("\nFirst step, s (JAX: compiling included; compile = first step - a median step):")
     for name in configs:
-        jax_first, torch_first = (measured.first_step_seconds[name, framework] for framework in ("jax", "torch"))
-        compile_seconds = jax_first - tokens / median[name, "jax"]
+        jax_first, torch_first = (measured.first_step_seconds.get((name, key), math.nan) for key in ("jax", "torch"))
+        compile_seconds = jax_first - tokens / median.get((name, "jax"), math.nan)
         print(f"  {name}: this project {jax_first:.1f} (compile {compile_seconds:.1f}), PyTorch {torch_first:.1f}")
     print("\nPer round:")
     for dtype, values in measured.matmul_gflops.items():
@@ -328,18 +345,21 @@ def _exit_with_error(message: str) -> None:
 
 def main(argv):
     del argv
-    host_memory.restart_with_allocator(_HOST_ALLOCATOR.value)  # Before JAX or PyTorch starts.
-    try:
-        import torch
-    except ImportError:
-        _exit_with_error("PyTorch is not installed; install this benchmark's extra: pip install -e '.[benchmark]'")
-    unknown = [name for name in _VARIANTS.value if name not in VARIANTS]
-    if unknown:
-        _exit_with_error(f"--variants: unknown {', '.join(unknown)}; choose among {', '.join(VARIANTS)}.")
+    host_memory.keep_freed_buffers()  # As train.py runs; before JAX or PyTorch starts.
+    torch = None
+    if "torch" in _FRAMEWORKS.value:
+        try:
+            import torch
+        except ImportError:
+            _exit_with_error("PyTorch is not installed; install this benchmark's extra: pip install -e '.[benchmark]'")
+    for flag, names, known in (("variants", _VARIANTS.value, VARIANTS), ("frameworks", _FRAMEWORKS.value, FRAMEWORKS)):
+        if unknown := [name for name in names if name not in known]:
+            _exit_with_error(f"--{flag}: unknown {', '.join(unknown)}; choose among {', '.join(known)}.")
     quiet_library_logs()
     compilation_cache.enable("")  # Compile times as on a cold start.
     configs = {name: config_r(*VARIANTS[name]) for name in _VARIANTS.value}
-    measured = _measure(configs, _ROUNDS.value, _STEPS.value, _WARMUP_STEPS.value)
+    rounds = sys.stdin if _ROUNDS_FROM_STDIN.value else range(_ROUNDS.value)
+    measured = _measure(configs, rounds, _STEPS.value, _WARMUP_STEPS.value, _FRAMEWORKS.value, _ROUNDS_FROM_STDIN.value)
     _report(configs, measured, torch)
 
 

@@ -34,12 +34,17 @@ ratio of the variants' medians split into its factors: the real shares' ratio (p
 buckets' cost per position over the replayed rows' (the step), and the replayed rows' over the
 live stream's (the stream); and the last two again within rounds, as the medians of each round's
 factor (the variants' medians come from different rounds, minutes apart on a machine that drifts).
+
+With `--rounds_from_stdin`, benchmarks/host_allocators.py runs the rounds of several such
+processes, one per host allocator, in turn.
 """
 
 import collections
 import itertools
+import json
 import resource
 import statistics
+import sys
 import tempfile
 import time
 
@@ -65,6 +70,12 @@ _DTYPES = flags.DEFINE_list("dtypes", [], "Compute dtypes to compare (default: t
 _STEPS = flags.DEFINE_integer("steps", 30, "Timed steps per variant and round.")
 _ROUNDS = flags.DEFINE_integer("rounds", 3, "Rounds; each runs every variant once.")
 _WORKDIR = flags.DEFINE_string("workdir", "", "Where data and tokenizer are prepared (default: a temporary folder).")
+_ROUNDS_FROM_STDIN = flags.DEFINE_bool(
+    "rounds_from_stdin",
+    False,
+    "Instead of --rounds, a round for each line read from stdin until it closes; each round's real target "
+    "tokens/s printed as a line of JSON (benchmarks/host_allocators.py).",
+)
 _MAX_WARMUP_STEPS = 200
 
 
@@ -159,7 +170,7 @@ def _warm_up(runner: dict, num_shapes: int) -> None:
 def main(argv):
     del argv
     config = _CONFIG.value
-    host_memory.restart_with_allocator(config.host_allocator)  # As train.py runs.
+    host_memory.keep_freed_buffers()  # As train.py runs.
     compilation_cache.enable("")  # Compile times as on a cold start.
     mesh = sharding.make_mesh(config.mesh)
     dtypes = [compute_dtype(dtype) for dtype in _DTYPES.value or [config.model.dtype]]  # 'auto' named.
@@ -176,11 +187,14 @@ def main(argv):
         timed = {variant: [] for variant in runners}  # Per round: its steps' results.
         kernel_seconds = dict.fromkeys(runners, 0.0)
         order = list(runners.items())
-        for round_index in range(_ROUNDS.value):
+        for round_index, _ in enumerate(sys.stdin if _ROUNDS_FROM_STDIN.value else range(_ROUNDS.value)):
             for variant, runner in order[::-1] if round_index % 2 else order:
                 before = resource.getrusage(resource.RUSAGE_SELF).ru_stime
                 timed[variant].append(_run_steps(runner, _STEPS.value))
                 kernel_seconds[variant] += resource.getrusage(resource.RUSAGE_SELF).ru_stime - before
+            if _ROUNDS_FROM_STDIN.value:
+                figures = {" ".join(variant): _tokens_per_second(rounds[-1]) for variant, rounds in timed.items()}
+                print(json.dumps({"round": round_index, "tokens_per_second": figures}), flush=True)
         for runner in runners.values():
             runner["batches"].close()
 
@@ -191,9 +205,7 @@ def _figures(runner: dict, rounds: list, kernel_seconds: float) -> dict:
     """A variant's summary figures (the module docstring) from its rounds of (seconds, tokens, positions, shape)."""
     results = [result for round_results in rounds for result in round_results]
     median_seconds = statistics.median(s for s, _, _, _ in results)
-    round_tokens_per_second = [
-        sum(t for _, t, _, _ in round_results) / sum(s for s, _, _, _ in round_results) for round_results in rounds
-    ]
+    round_tokens_per_second = [_tokens_per_second(round_results) for round_results in rounds]
     round_seconds_per_position = [
         sum(s for s, _, _, _ in round_results) / sum(p for _, _, p, _ in round_results) for round_results in rounds
     ]
@@ -209,12 +221,18 @@ def _figures(runner: dict, rounds: list, kernel_seconds: float) -> dict:
     }
 
 
+def _tokens_per_second(round_results: list) -> float:
+    """A round's real target tokens over its seconds, from its steps' (seconds, tokens, positions, shape)."""
+    return sum(t for _, t, _, _ in round_results) / sum(s for s, _, _, _ in round_results)
+
+
 def _report(runners: dict, timed: dict, kernel_seconds: dict) -> None:
     """Prints each variant's figures, each step shape's, and the packed/bucketed ratio's factors."""
     figures = {variant: _figures(runners[variant], timed[variant], kernel_seconds[variant]) for variant in timed}
     print(
         f"{'batches':<9} {'dtype':<9} {'shapes':>6} {'compile s':>9} {'real tgt tok/s':>14} {'real share':>10} "
-        f"{'us/position':>11} {'kernel s/step':>13}  (median of {_ROUNDS.value} rounds of {_STEPS.value} steps)"
+        f"{'us/position':>11} {'kernel s/step':>13}  (median of {len(next(iter(timed.values())))} rounds of "
+        f"{_STEPS.value} steps)"
     )
     baseline = next(iter(figures.values()))["tokens_per_second"]
     for (batching, dtype), f in figures.items():

@@ -54,10 +54,6 @@ def get_config() -> ml_collections.ConfigDict:
     # Dense matmul peak of one device in FLOP/s, for the MFU in the training log (training/flops.py).
     # 0: from the table of accelerators (H100, H200, A100, TPU v4/v5e/v5p), or measured on a CPU.
     config.peak_flops_per_device = 0.0
-    # How glibc's malloc serves XLA:CPU's per-step buffers (training/runtime/host_memory.py): 'huge_pages'
-    # (fewer page faults, glibc's memory use), 'keep_freed' (no page faults, fastest on CPU, 2-3x
-    # the peak RSS) or 'glibc' (its defaults). Only the host's memory; accelerators are unaffected.
-    config.host_allocator = "huge_pages"
 
     # The device mesh: data x fsdp x tensor must equal the number of devices;
     # one axis may be -1, taking the devices the others leave.

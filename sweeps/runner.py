@@ -186,7 +186,6 @@ _FREE_TO_CHANGE = (
     "checkpoint_every_steps",
     "keep_checkpoints",
     "compilation_cache_dir",
-    "host_allocator",
     "peak_flops_per_device",
     "step_compilation",
     "dataset.data_dir",

@@ -11,7 +11,6 @@ from tensorboardX.proto import event_pb2
 from without_tensorflow import finders_without_tensorflow
 
 from models import TransformerConfig
-from training.runtime import host_memory
 
 # XLA_FLAGS for tests that compile many small programs in subprocesses (8-device layouts, one
 # train.py per process): LLVM's code generation unoptimized compiles them ~1.7x as fast. The HLO
@@ -77,14 +76,8 @@ def tiny_config(corpus_dir: str | None = None, **overrides):
 
 
 def entry_point_env() -> dict[str, str]:
-    """The environment the entry points run in, in tests: the CPU, quiet TensorFlow.
-
-    It is the environment an entry point restarts itself into for the default host allocator
-    (training/runtime/host_memory.py), which saves each launch its restart; tests/test_multi_host.py and
-    tests/test_preemption.py launch train.py without it, restart included.
-    """
-    env = dict(os.environ, JAX_PLATFORMS="cpu", CUDA_VISIBLE_DEVICES="", TF_CPP_MIN_LOG_LEVEL="2")
-    return host_memory.allocator_environment(host_memory.DEFAULT_ALLOCATOR, env) or env
+    """The environment the entry points run in, in tests: the CPU, quiet TensorFlow."""
+    return dict(os.environ, JAX_PLATFORMS="cpu", CUDA_VISIBLE_DEVICES="", TF_CPP_MIN_LOG_LEVEL="2")
 
 
 # `run_entry_point(WITHOUT_TENSORFLOW, script, args...)`: the script as where TensorFlow (the `tensorflow` extra) is not

@@ -11,10 +11,8 @@ from common.mesh_axes import MESH_AXES, logical_rules, mesh_axes_of, mesh_shape
 from input_pipeline.batching import bucket_batch_sizes
 from models.build import make_model
 from models.decoding import decode_length, decoding_memory_bytes
-from training.runtime import host_memory
 
 _CHOICES = {
-    "host_allocator": host_memory.ALLOCATORS,
     "model.positional_encoding": ("sinusoidal", "learned", "relative", "rotary"),
     "model.norm_placement": ("post", "pre"),
     "model.dtype": ("float32", "bfloat16", "auto"),
@@ -70,7 +68,6 @@ _DEFAULTS = {
     "dataset.packing_lookahead": 0,  # Runs before it packed first fit.
     "dataset.num_workers": 0,
     "model.attention_implementation": "auto",
-    "host_allocator": host_memory.DEFAULT_ALLOCATOR,
     "model.key_dim": 0,
     "model.relative_clip": 16,
     "model.relative_values": False,

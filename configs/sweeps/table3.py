@@ -56,9 +56,6 @@ def base_config() -> ml_collections.ConfigDict:
     config.checkpoint_every_steps = 250
     config.keep_checkpoints = 1
     config.eval.max_decode_length = 96  # Test sources are at most 64 subwords; outputs up to 2x + 8.
-    # The fastest host allocator on a CPU (training/runtime/host_memory.py), for ~2.8 GB of peak RSS per
-    # run (measured on a 2-core AMD EPYC): the sweep runs one training at a time.
-    config.host_allocator = "keep_freed"
     return config
 
 

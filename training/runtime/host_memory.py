@@ -1,29 +1,11 @@
-"""How glibc's malloc serves XLA:CPU's per-step buffers: chosen per run, set by a restart.
+"""How glibc's malloc serves XLA:CPU's per-step buffers: freed buffers kept for reuse, set at start-up.
 
-XLA:CPU allocates each run's temporaries with malloc (about 1 GB a step for the quick-start's
-64 x 64 batch, 600 MB for benchmarks/peer_throughput.py's config R) and frees them when the run
-ends. glibc serves every allocation above 32 MiB with a fresh `mmap` and returns it with
-`munmap`, so with its defaults each step faults all those pages in anew, 4 KiB at a time: the
-quick-start took ~280,000 minor page faults a step, a fifth of its CPU time in the kernel.
-Three allocators (`config.host_allocator`):
-
-- 'huge_pages' (the default): glibc's `glibc.malloc.hugetlb=1` tunable has malloc ask for
-  transparent huge pages on its mappings, which then fault in 2 MiB at a time (512 times fewer
-  faults); the kernel still zeroes every new page. Memory use stays glibc's.
-- 'keep_freed': one arena, no `mmap`, no trimming: freed buffers stay in the heap and the next
-  step reuses them without faulting or zeroing. Fastest, but the heap fragments and the process
-  keeps its peak: the quick-start's peak RSS is 2-3x glibc's.
-- 'glibc': glibc's defaults.
-
-Measured on a 2-core AMD EPYC, quiet, in target tokens/s and peak RSS of one process
-(2026-11-23): config R in bfloat16 (benchmarks/peer_throughput.py, medians of 5 rounds)
-6,680 keep_freed, 6,192 huge_pages; the quick-start's packed step and stream
-(benchmarks/train_throughput.py, two runs each) 6,157-6,579 and 3.9 GB keep_freed,
-5,709-6,245 and 2.0 GB huge_pages, 4,738-5,142 and 2.0 GB glibc. The quick-start's whole
-command with huge_pages: 1.3M minor faults, 2.2 GB peak RSS.
-
-glibc reads its tunables only when a process starts, from GLIBC_TUNABLES, so an entry point
-restarts itself (same PID and command line) with the allocator's tunables set.
+XLA:CPU mallocs each step's temporaries (hundreds of MB) and frees them after it; glibc's defaults
+map and unmap every block above 32 MiB, so each step faults all its pages in again. Keeping freed
+memory in the heap, set with `mallopt` in the running process, was as fast as the fastest of the
+allocators measured (tcmalloc) within that run's noise, for a little more peak RSS, and needs no
+restart nor anything set before the process starts: docs/results/host_allocators_2026-11-26.json
+(benchmarks/host_allocators.py).
 """
 
 import ctypes
@@ -31,21 +13,8 @@ import ctypes.util
 import os
 import sys
 
-from common.errors import UserInputError
-
-ALLOCATORS = ("huge_pages", "keep_freed", "glibc")
-DEFAULT_ALLOCATOR = "huge_pages"  # config.host_allocator's default; translate.py and classify.py run with it.
-_TUNABLES = {
-    "huge_pages": "glibc.malloc.hugetlb=1",
-    # A trim threshold of 2^62 bytes: never give the heap's free top back to the kernel.
-    "keep_freed": "glibc.malloc.arena_max=1:glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=4611686018427387904",
-    "glibc": "",
-}
-_TUNABLES_VARIABLE = "GLIBC_TUNABLES"
-# The allocator the process was restarted with, for its own later calls and its children.
-_MARKER_VARIABLE = "AIAYN_HOST_ALLOCATOR"
-_THP_MODE_FILE = "/sys/kernel/mm/transparent_hugepage/enabled"
-_FIRST_GLIBC_WITH_HUGETLB = (2, 35)
+# mallopt's options (glibc's malloc.h) and their values: one arena, no mmap, never trim (-1).
+_KEEP_FREED = {"M_ARENA_MAX": (-8, 1), "M_MMAP_MAX": (-4, 0), "M_TRIM_THRESHOLD": (-1, -1)}
 
 
 def _glibc_version() -> tuple[int, ...] | None:
@@ -58,66 +27,20 @@ def _glibc_version() -> tuple[int, ...] | None:
         return None
 
 
-def _transparent_huge_pages_on_request() -> bool:
-    """Whether the kernel gives transparent huge pages to mappings that ask (mode 'madvise').
+def keep_freed_buffers() -> bool:
+    """Sets glibc's malloc in this process to keep freed memory for reuse; returns whether mallopt took it.
 
-    In mode 'always' every large mapping gets them without asking; in 'never' none does.
+    One arena, no `mmap` for large blocks, no trimming of the heap's free top: a buffer freed
+    after a step serves the next step's without faulting its pages in again. Call it in an entry
+    point before JAX starts (its threads then share the one arena). It changes nothing where the
+    C library is not glibc, or where the user set glibc's malloc tunables (GLIBC_TUNABLES
+    `glibc.malloc.*`): theirs stand. Under a preloaded allocator (LD_PRELOAD) it is harmless:
+    tcmalloc's `mallopt` does nothing, and jemalloc leaves glibc's malloc unused.
     """
-    try:
-        with open(_THP_MODE_FILE, encoding="ascii") as mode_file:
-            return "[madvise]" in mode_file.read()
-    except OSError:
+    if any(tunable.startswith("glibc.malloc.") for tunable in os.environ.get("GLIBC_TUNABLES", "").split(":")):
         return False
-
-
-def _effective(allocator: str) -> str:
-    """The allocator that would change something here: 'glibc' where `allocator` would not."""
-    version = _glibc_version() if sys.platform.startswith("linux") else None
-    if version is None:
-        return "glibc"
-    if allocator == "huge_pages" and (version < _FIRST_GLIBC_WITH_HUGETLB or not _transparent_huge_pages_on_request()):
-        return "glibc"
-    return allocator
-
-
-def allocator_environment(allocator: str, environ: dict[str, str]) -> dict[str, str] | None:
-    """`environ` for a process that runs with `allocator`, or None if this one already does.
-
-    The user's own GLIBC_TUNABLES stay, after the allocator's (glibc takes the last setting).
-    """
-    if allocator not in ALLOCATORS:
-        raise UserInputError(f"config.host_allocator is {allocator!r}; choose one of {ALLOCATORS}.")
-    allocator = _effective(allocator)
-    current = environ.get(_MARKER_VARIABLE, "glibc")
-    if current == allocator:
-        return None
-    users = [tunable for tunable in environ.get(_TUNABLES_VARIABLE, "").split(":") if tunable]
-    for tunable in _TUNABLES.get(current, "").split(":"):  # What an earlier restart added.
-        if tunable in users:
-            users.remove(tunable)
-    tunables = ":".join(filter(None, [_TUNABLES[allocator], *users]))
-    environment = {key: value for key, value in environ.items() if key not in (_TUNABLES_VARIABLE, _MARKER_VARIABLE)}
-    if tunables:
-        environment[_TUNABLES_VARIABLE] = tunables
-    if allocator != "glibc":
-        environment[_MARKER_VARIABLE] = allocator
-    return environment
-
-
-def restart_with_allocator(allocator: str) -> None:
-    """Restarts this process (same PID, same command line) with `allocator`, unless it runs with it.
-
-    Call it in an entry point before any work (JAX's backend included): the process starts
-    over. Returns at once where it already runs with `allocator`, or where the allocator
-    would change nothing (another C library; 'huge_pages' with glibc < 2.35 or the kernel's
-    transparent huge pages in mode 'always' or 'never').
-
-    Raises:
-        UserInputError: `allocator` is not one of ALLOCATORS.
-    """
-    environment = allocator_environment(allocator, dict(os.environ))
-    if environment is None or not sys.executable or not getattr(sys, "orig_argv", None):
-        return  # Nothing to change, or no way to start this interpreter again (embedded Python).
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], environment)
+    if not sys.platform.startswith("linux") or _glibc_version() is None:
+        return False
+    libc = ctypes.CDLL(None)  # The process's own symbols: a preloaded allocator's mallopt where it has one.
+    libc.mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
+    return all(libc.mallopt(option, value) == 1 for option, value in _KEEP_FREED.values())
