@@ -94,7 +94,6 @@ class Checkpointer:
         self.directory = Workdir(workdir).checkpoints
         self.damaged_directory = Workdir(workdir).damaged_checkpoints
         self._read_only = read_only
-        self._warned_unverified = False
         self._manager = _manager(
             self.directory,
             keep=keep,
@@ -198,8 +197,7 @@ class Checkpointer:
         """Restores `step` into the structure, shapes and shardings of `abstract_state`, verified.
 
         Returns:
-            The state, and this process's data position (a step saved by an earlier version holds one
-            JSON position for all processes: that one). Where the step was saved by another number of
+            The state, and this process's data position. Where the step was saved by another number of
             processes, so that this process has no file of its own: a warning, and the first process's
             position. Where this process's file is missing or unreadable: a warning, and None; the intact
             state still restores. The batches decide what a position (or none) means: classification's
@@ -216,7 +214,7 @@ class Checkpointer:
             DamagedCheckpointError: the checkpoint cannot be restored as it was saved.
         """
         self._require_step(step)
-        state = self._read(self._manager, step, abstract_state)["state"]
+        state = restore_verified(self._manager, step, abstract_state)["state"]
         return state, self._data_position(step)
 
     def _data_position(self, step: int) -> dict | None:
@@ -228,13 +226,10 @@ class Checkpointer:
         """
         position_file = _position_file(os.path.join(self.directory, str(step)))
         data_dir = os.path.dirname(position_file)
-        legacy = os.path.join(data_dir, "metadata")  # Earlier versions: one JSON position for all processes.
         saved = sorted(glob.glob(os.path.join(data_dir, "process_*-of-*.json")))
         by_this_count = any(path.endswith(f"-of-{jax.process_count()}.json") for path in saved)
         if os.path.exists(position_file):
             path = position_file
-        elif os.path.exists(legacy):
-            path = legacy
         elif saved and not by_this_count:
             path = saved[0]
             logging.warning(
@@ -352,22 +347,10 @@ class Checkpointer:
         with io_errors.naming(str(manager.directory)):
             manager.wait_until_finished()
 
-    def _read(self, manager: ocp.CheckpointManager, step: int, abstract_state: Any, **options) -> dict:
-        """checkpoint_restore.restore_verified, with one warning per Checkpointer for unverifiable old steps."""
-        restored, verified = restore_verified(manager, step, abstract_state, **options)
-        if not verified and not self._warned_unverified:
-            self._warned_unverified = True
-            logging.warning(
-                "The checkpoint at step %d in %s was saved without fingerprints (by an earlier version): its "
-                "contents cannot be verified. Checkpoints saved from now on can.",
-                step,
-                manager.directory,
-            )
-        return restored
-
-    def _read_params(self, manager: ocp.CheckpointManager, step: int, abstract_params: Any) -> Any:
+    @staticmethod
+    def _read_params(manager: ocp.CheckpointManager, step: int, abstract_params: Any) -> Any:
         """The 'params' of the 'state' item saved at `step` (nothing else of it is read)."""
-        return self._read(manager, step, {"params": abstract_params}, partial=True)["state"]["params"]
+        return restore_verified(manager, step, {"params": abstract_params}, partial=True)["state"]["params"]
 
     def _newest_intact(self, restore_step) -> tuple[int, Any] | None:
         """(step, restore_step(step)) for the newest step that restores; warns of each damaged one after it.
@@ -421,7 +404,7 @@ class Checkpointer:
             return None
         try:
             score = self._best_manager.restore(step, args=ocp.args.Composite(score=ocp.args.JsonRestore()))["score"]
-            return BestScore.from_json(score)
+            return BestScore(**score)
         except Exception as e:  # pylint: disable=broad-except  (any damage: the best is then unknown)
             logging.warning(
                 "The best checkpoint (step %d) in %s is damaged: %s; it counts as no best.",

@@ -1,10 +1,10 @@
 """Reading one checkpoint step of an Orbax CheckpointManager, and telling an intact step from a damaged one.
 
 Checked in order: the step's state/ folder is there; its metadata reads and the saved shapes fit the
-model (a misfit is the config's fault, not damage: a plain UserInputError); the arrays read; they are
-finite; their fingerprints equal those recorded at the save (checkpoint_integrity), for exactly the
-leaves restored. Anything else that keeps the step from restoring as saved is a DamagedCheckpointError
-with a one-line cause.
+model (a misfit is the config's fault, not damage: a plain UserInputError); its integrity record (the
+fingerprints taken at the save, checkpoint_integrity) is there and reads; the arrays read; they are
+finite; their fingerprints equal the recorded ones, for exactly the leaves restored. Anything else that
+keeps the step from restoring as saved is a DamagedCheckpointError with a one-line cause.
 """
 
 import logging as logging_std
@@ -31,7 +31,7 @@ class DamagedCheckpointError(UserInputError):
 
 def restore_verified(
     manager: ocp.CheckpointManager, step: int, abstract_state: Any, *, partial: bool = False, **other_items
-) -> tuple[dict, bool]:
+) -> dict:
     """Restores the 'state' item (and `other_items`) of `step`, and verifies what was read.
 
     Args:
@@ -42,8 +42,7 @@ def restore_verified(
         **other_items: restore args of the step's other items (e.g. data=ocp.args.JsonRestore()).
 
     Returns:
-        The restored items, and whether fingerprints were compared (False for a checkpoint saved
-        before they were recorded: then only finiteness is checked).
+        The restored items.
 
     Raises:
         UserInputError: the saved shapes do not fit `abstract_state` (checked on metadata, before any read).
@@ -57,12 +56,12 @@ def restore_verified(
 
     _check_fit(manager, step, saved_state_metadata(manager, step), abstract_state, partial=partial)
 
-    recorded = None
-    if os.path.isdir(os.path.join(step_dir, "integrity")):
-        try:
-            recorded = manager.restore(step, args=ocp.args.Composite(integrity=ocp.args.JsonRestore()))["integrity"]
-        except Exception as e:  # pylint: disable=broad-except
-            raise damaged(f"its integrity record is unreadable ({one_line(e)})") from None
+    if not os.path.isdir(os.path.join(step_dir, "integrity")):
+        raise damaged("its integrity/ record is missing, so its arrays cannot be verified")
+    try:
+        recorded = manager.restore(step, args=ocp.args.Composite(integrity=ocp.args.JsonRestore()))["integrity"]
+    except Exception as e:  # pylint: disable=broad-except
+        raise damaged(f"its integrity record is unreadable ({one_line(e)})") from None
     state = ocp.args.PyTreeRestore(
         item=abstract_state,
         restore_args=ocp.checkpoint_utils.construct_restore_args(abstract_state),
@@ -83,12 +82,12 @@ def restore_verified(
     summary = Summary(restored["state"])
     if summary.nonfinite:
         raise damaged(f"it holds NaN or Inf in {some_names(summary.nonfinite)}")
-    if recorded is not None and (mismatches := summary.mismatches(recorded)):
+    if mismatches := summary.mismatches(recorded):
         raise damaged(
             f"the contents of {some_names(mismatches)} differ from those saved (integrity check failed): "
             "its files were altered after the save"
         )
-    return restored, recorded is not None
+    return restored
 
 
 def saved_state_metadata(manager: ocp.CheckpointManager, step: int) -> Any:
