@@ -100,10 +100,10 @@ def main(argv):
     config = _CONFIG.value
     try:
         # Before any work: the process may start over here.
-        host_memory.restart_with_allocator(config.get("host_allocator", host_memory.DEFAULT_ALLOCATOR))
+        host_memory.restart_with_allocator(config.host_allocator)
         quiet_library_logs()
         # Before anything compiles (connecting several processes does).
-        compilation_cache.enable(config.get("compilation_cache_dir", ""))
+        compilation_cache.enable(config.compilation_cache_dir)
         distributed.initialize(  # Before anything starts a JAX backend (the config check counts devices).
             _COORDINATOR_ADDRESS.value,
             _NUM_PROCESSES.value,
