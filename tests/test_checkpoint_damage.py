@@ -134,7 +134,7 @@ def _write_nan_state(workdir, step):
     params = _params(step)
     params["bias"][3] = np.nan
     checkpointer = Checkpointer(workdir)
-    with mock.patch.object(checkpointer_module, "_finite_summary", lambda tree, refusal: Summary(tree)):
+    with mock.patch.object(checkpointer_module, "finite_summary", lambda tree, refusal: Summary(tree)):
         checkpointer.save(_state(step, params), {"epoch": 0, "batch": step})
     checkpointer.wait_until_finished()
     checkpointer.close()

@@ -1,8 +1,8 @@
-"""Reading one checkpoint step of an Orbax CheckpointManager, and telling an intact step from a damaged one.
+"""Orbax managers of verified steps: reading one step back, and telling an intact step from a damaged one.
 
 Checked in order: the step's state/ folder is there; its metadata reads and the saved shapes fit the
 model (a misfit is the config's fault, not damage: a plain UserInputError); its integrity record (the
-fingerprints taken at the save, checkpoint_integrity) is there and reads; the arrays read; they are
+fingerprints taken at the save, integrity.py) is there and reads; the arrays read; they are
 finite; their fingerprints equal the recorded ones, for exactly the leaves restored. Anything else that
 keeps the step from restoring as saved is a DamagedCheckpointError with a one-line cause.
 """
@@ -18,7 +18,7 @@ import orbax.checkpoint as ocp
 
 from common import processes
 from common.errors import UserInputError
-from training.checkpoints.integrity import Summary, leaf_names
+from training.checkpoints.integrity import Summary, leaf_names, some_names
 
 
 class DamagedCheckpointError(UserInputError):
@@ -27,6 +27,26 @@ class DamagedCheckpointError(UserInputError):
     def __init__(self, directory: str, step: int, cause: str, message: str | None = None):
         self.directory, self.step, self.cause = directory, step, cause
         super().__init__(message or f"The checkpoint at step {step} in {directory} is damaged: {cause}")
+
+
+def open_manager(directory: str, *, keep: int, read_only: bool, create: bool, items: dict) -> ocp.CheckpointManager:
+    """An Orbax CheckpointManager of steps that hold a 'state' and its 'integrity' record, and `items`.
+
+    Args:
+        directory: the folder of the steps (absolute: Orbax requires it).
+        keep: the steps kept when saving (read-only: all of them).
+        read_only: never writes; `create` is then ignored.
+        create: create `directory` now rather than at the first save.
+        items: the handlers of the steps' other items, by name.
+    """
+    options = ocp.CheckpointManagerOptions(
+        max_to_keep=None if read_only else keep,
+        create=create and not read_only,
+        read_only=read_only,
+        save_interval_steps=0 if read_only else 1,
+    )
+    handlers = {"state": ocp.PyTreeCheckpointHandler(), "integrity": ocp.JsonCheckpointHandler(), **items}
+    return ocp.CheckpointManager(directory, options=options, item_handlers=handlers)
 
 
 def restore_verified(
@@ -90,6 +110,11 @@ def restore_verified(
     return restored
 
 
+def restore_params(manager: ocp.CheckpointManager, step: int, abstract_params: Any) -> Any:
+    """The 'params' of the 'state' item saved at `step`, verified (nothing else of the state is read)."""
+    return restore_verified(manager, step, {"params": abstract_params}, partial=True)["state"]["params"]
+
+
 def saved_state_metadata(manager: ocp.CheckpointManager, step: int) -> Any:
     """The tree metadata of the 'state' item saved at `step` (names, shapes, dtypes; no array is read).
 
@@ -133,12 +158,6 @@ def _check_fit(manager: ocp.CheckpointManager, step: int, saved_tree: Any, abstr
 def _shapes_by_name(tree: Any) -> dict[str, tuple[int, ...]]:
     """{'params/encoder/layers_0/.../kernel': shape} of a pytree (arrays, structs or metadata)."""
     return {name: tuple(leaf.shape) for name, leaf in zip(leaf_names(tree), jax.tree.leaves(tree))}
-
-
-def some_names(names: list[str]) -> str:
-    """'a', 'a (and 1 more array)' or 'a (and 3 more arrays)'."""
-    more = len(names) - 1
-    return names[0] + (f" (and {more} more array{'s' if more > 1 else ''})" if more else "")
 
 
 def one_line(error: BaseException) -> str:
