@@ -609,7 +609,7 @@ def test_the_run_in_progress_is_stopped_when_the_sweep_is_killed(tmp_path):
         "print('started', flush=True); time.sleep(120)"
     )
     sweep_process = (  # Starts it as the sweep starts train.py, then waits.
-        "import functools, os, subprocess, sys, time; from training import sweep; "
+        "import functools, os, subprocess, sys, time; from sweeps import runner; "
         f"subprocess.Popen([sys.executable, '-c', {train!r}], start_new_session=True, "
         "preexec_fn=functools.partial(runner._stop_when_parent_dies, os.getpid())); time.sleep(120)"
     )
