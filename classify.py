@@ -45,7 +45,7 @@ def classify(workdir: str) -> None:
     config = _CONFIG.value if _CONFIG.value is not None else inference.load_config(workdir)
     if not is_classification(config):
         raise UserInputError(
-            f"{workdir} holds a {config.get('task', 'translation')} run, not a classifier (config.task); "
+            f"{workdir} holds a {config.task} run, not a classifier (config.task); "
             "use translate.py for it, or train with config.task='classification' (configs/classify.py)."
         )
     validate_config(config)

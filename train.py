@@ -102,7 +102,7 @@ def main(argv):
         host_memory.keep_freed_buffers()  # Before JAX starts its threads.
         quiet_library_logs()
         # Before anything compiles (connecting several processes does).
-        compilation_cache.enable(config.get("compilation_cache_dir", ""))
+        compilation_cache.enable(config.compilation_cache_dir)
         distributed.initialize(  # Before anything starts a JAX backend (the config check counts devices).
             _COORDINATOR_ADDRESS.value,
             _NUM_PROCESSES.value,

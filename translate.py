@@ -83,7 +83,7 @@ def translate(workdir: str) -> None:
     from training.tasks import translation  # pylint: disable=g-import-not-at-top  (JAX starts here)
 
     config = _CONFIG.value if _CONFIG.value is not None else inference.load_config(workdir)
-    if config.get("task", "translation") != "translation":
+    if config.task != "translation":
         raise UserInputError(f"{workdir} holds a {config.task} run, not a translation model; use classify.py for it.")
     config = _decoding_config(config)
     lines = text_io.read_input_lines(_INPUT.value)

@@ -34,7 +34,7 @@ The position is the chunk the next unread pair is in (the parent iterator's stat
 the pair's index in it, and the pairs read but not yet placed, each named the same way with the
 batches it has waited: a batch is never half-made at a checkpoint, and a restored iterator makes
 the same next batch, or with other `rows` or another `lookahead` the batches from the same pairs
-on (none skipped or repeated). Positions saved before the waiting pairs were kept have none.
+on (none skipped or repeated).
 """
 
 import dataclasses
@@ -164,7 +164,7 @@ class _RowBatchIterator(grain.DatasetIterator):
 
     def set_state(self, state: dict[str, Any]) -> None:
         self._waiting, chunk = [], None
-        for group in state.get("waiting", []):
+        for group in state["waiting"]:
             self._parent.set_state(group["chunk"])
             chunk = _Chunk(group["chunk"], next(self._parent))
             entries = (_Waiting(chunk, offset, waited) for offset, waited in group["pairs"])

@@ -58,12 +58,10 @@ _PREFETCH_BATCHES = 2
 # thread, 28 ms with two map threads).
 CHUNK_RECORDS = 256
 # The order a position indexes: 2 shuffles with the hashed seed (`process_record_indices`). A position saved
-# for another order (none saved before the hashing has this field) does not fit.
+# for another order does not fit.
 SHUFFLE_VERSION = 2
 # Records whose content the position's fingerprint samples (evenly spaced, first and last included).
 _SAMPLED_RECORDS = 8
-# Fingerprint fields that positions saved by earlier versions lack (`_as_saved_now`).
-_FIELDS_ADDED_LATER = ("process_index", "share_index", "share_count", "records_digest")
 
 
 class ReadAndTokenizeChunk(grain.transforms.Map):
@@ -235,19 +233,6 @@ def records_digest(records: Sequence[dict]) -> str:
     return digest.hexdigest()[:16]
 
 
-def _as_saved_now(saved: dict, fits: dict) -> dict:
-    """A saved fingerprint with the fields it lacks as they were then, to compare with this run's `fits`.
-
-    Positions saved before those fields existed were each a process's own, in its own share: their
-    "process_count" counted shares, and their share was their process's. A missing digest or process index
-    fits on the other fields alone, as it did then.
-    """
-    now = {key: saved.get(key, fits[key] if key in _FIELDS_ADDED_LATER else None) for key in fits}
-    if "share_count" not in saved:
-        now["share_count"], now["share_index"] = saved.get("process_count"), now["process_index"]
-    return now
-
-
 def fold_seed(seed: int, step: int) -> int:
     """A seed for a stream restarted at `step` without its position: fresh, and the same in every process."""
     return _mixed_seed(seed, step)
@@ -262,9 +247,9 @@ class TrainStream:
     """The training batches of `train_dataset` with a position to checkpoint and restore.
 
     The position (`get_state`) is only valid for the process that saved it (its index among as many
-    processes), the same share of the same records, number of workers and chunk size (it carries its shuffle
-    seed); batch size, max_length and the packing lookahead may change (the stream goes on from the same
-    pairs). Resuming:
+    processes), the same share of the same records, number of workers, chunk size and shuffle (it carries
+    its shuffle seed): it fits where those fields of its fingerprint equal this run's. Batch size, max_length
+    and the packing lookahead may change (the stream goes on from the same pairs). Resuming:
 
     - with this process's saved position (same processes, shares and workers): exactly the batch that came
       next; on another number of devices (other `rows`) or with another packing lookahead, the batches from
@@ -272,8 +257,7 @@ class TrainStream:
     - without a usable position in every process (`state` None at a step > 0, as where a process's position
       file is lost, or one saved by another process or process count, for another share, another
       `num_workers`, other records, another chunk size or another shuffle: a checkpoint saved by another
-      number of processes hands on the first process's, by an earlier version a bucketed one, one of grain's
-      packer or one of the shuffle before its seed was hashed): a warning, and in every process a fresh
+      number of processes hands on the first process's): a warning, and in every process a fresh
       stream shuffled with the seed folded with the step (`fold_seed`), so that the shares stay disjoint
       and processes holding the same rows agree. Records seen since the last epoch boundary may come again
       sooner than a full epoch later.
@@ -323,8 +307,8 @@ class TrainStream:
             "shuffle_version": SHUFFLE_VERSION,
             "records_digest": records_digest(records),
         }
-        saved = None if state is None else state.get("stream", {})
-        fits_here = saved is not None and _as_saved_now(saved, fits) == fits
+        saved = None if state is None else state["stream"]
+        fits_here = saved is not None and saved.items() >= fits.items()  # Every field as this run's (and its seed).
         # One process starting afresh while the others resume would read records of their shares (or, holding
         # the same rows as another, other rows than it): all resume, or none. At step 0 (the same in every
         # process) none resumes, and no process need ask the others.

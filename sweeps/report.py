@@ -96,10 +96,10 @@ def read_run(run: Run, config) -> RunResult | None:
         train_seconds=float(sum(seconds)) if seconds else None,
         valid_perplexity=curve.get(scores["step"]),
         valid_curve=curve,
-        test_bleu=scores.get("bleu"),
-        test_chrf=scores.get("chrf"),
-        signature=scores.get("signature", ""),
-        decoding=scores.get("decoding", ""),
+        test_bleu=scores["bleu"],
+        test_chrf=scores["chrf"],
+        signature=scores["signature"],
+        decoding=scores["decoding"],
     )
 
 

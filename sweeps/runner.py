@@ -280,8 +280,7 @@ def final_scores(config: ml_collections.ConfigDict, workdir: str) -> dict | None
         "decoding": describe_decoding(config.eval),
         "max_decode_length": config.eval.max_decode_length,
     }
-    # Scores written before a field existed are taken as evaluated with the config's value.
-    return scores if all(scores.get(key, value) == value for key, value in expected.items()) else None
+    return scores if scores.items() >= expected.items() else None
 
 
 def is_finished(config: ml_collections.ConfigDict, workdir: str) -> bool:

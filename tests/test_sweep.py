@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 from conftest import REPO_ROOT, entry_point_env
 
+from common.decoding_names import describe_decoding
 from common.errors import UserInputError
 from common.workdir import Workdir
 from configs.sweeps import Paper, Variant, config_for, table3
@@ -279,30 +280,45 @@ def test_the_difference_to_the_base_pairs_runs_of_the_same_seed():
     assert report.paired_difference({0: 21.0}, {1: 20.0}) is None
 
 
-def _write_scores(workdir, step, checkpoint=None, decoding="greedy", **fields):
+def _write_scores(workdir, config, step=None, **changes):
+    """The test scores.json of a run of `config` evaluated after `step` (its last), as training writes it."""
+    step = config.num_train_steps if step is None else step
     os.makedirs(os.path.join(workdir, "eval", "test"))
-    scores = {"step": step, "checkpoint": checkpoint or f"step {step}", "decoding": decoding, "bleu": 20.0, **fields}
+    scores = {
+        "split": "test",
+        "step": step,
+        "checkpoint": f"step {step}",
+        "num_sentences": 40,
+        "loss": 2.5,
+        "perplexity": 12.18,
+        "accuracy": 0.5,
+        "bleu": 20.0,
+        "signature": "nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:2.6.0",
+        "chrf": 45.0,
+        "chrf_signature": "nrefs:1|case:mixed|eff:yes|nc:6|nw:0|space:no|version:2.6.0",
+        "decoding": describe_decoding(config.eval),
+        "max_decode_length": config.eval.max_decode_length,
+        **changes,
+    }
     with open(os.path.join(workdir, "eval", "test", "scores.json"), "w", encoding="utf-8") as f:
         json.dump(scores, f)
 
 
 def test_a_run_is_finished_when_its_final_scores_are_for_the_configs_last_step(tmp_path):
     config = table3.get_config("base")
-    assert config.eval.beam_size == 1 and config.eval.temperature == 0  # Greedy, as _write_scores says.
+    assert config.eval.beam_size == 1 and config.eval.temperature == 0  # Greedy.
     steps = config.num_train_steps
     assert not runner.is_finished(config, str(tmp_path / "empty"))
-    _write_scores(str(tmp_path / "done"), steps)
+    _write_scores(str(tmp_path / "done"), config)
     assert runner.is_finished(config, str(tmp_path / "done"))
-    _write_scores(str(tmp_path / "shorter"), steps // 2)  # The sweep file now asks for more.
+    _write_scores(str(tmp_path / "shorter"), config, steps // 2)  # The sweep file now asks for more.
     assert not runner.is_finished(config, str(tmp_path / "shorter"))
     # A later `train.py --mode=eval` wrote over the run's own evaluation: not the scores the table compares.
-    _write_scores(str(tmp_path / "beam"), steps, decoding="beam 4, alpha 0.6")
+    _write_scores(str(tmp_path / "beam"), config, decoding="beam 4, alpha 0.6")
     assert not runner.is_finished(config, str(tmp_path / "beam"))
-    _write_scores(str(tmp_path / "best"), steps, checkpoint=f"best (step {steps // 2}, valid BLEU 9.00)")
+    _write_scores(str(tmp_path / "best"), config, checkpoint=f"best (step {steps // 2}, valid BLEU 9.00)")
     assert not runner.is_finished(config, str(tmp_path / "best"))
-    _write_scores(str(tmp_path / "same_length"), steps, max_decode_length=config.eval.max_decode_length)
-    assert runner.is_finished(config, str(tmp_path / "same_length"))
-    _write_scores(str(tmp_path / "shorter_outputs"), steps, max_decode_length=3)  # A later `--mode=eval`.
+    _write_scores(str(tmp_path / "shorter_outputs"), config, max_decode_length=3)  # A later `--mode=eval`.
     assert not runner.is_finished(config, str(tmp_path / "shorter_outputs"))
     os.makedirs(tmp_path / "cut" / "eval" / "test")
     (tmp_path / "cut" / "eval" / "test" / "scores.json").write_text('{"step": 4', encoding="utf-8")
@@ -467,7 +483,7 @@ def test_the_dry_run_leaves_out_finished_runs_and_names_those_whose_config_canno
         ("typo/seed_0", True),
         ("typo/seed_1", True),
     ]
-    _write_scores(runs[0].workdir, loaded.get_config("base").num_train_steps)
+    _write_scores(runs[0].workdir, loaded.get_config("base"))
     assert [shlex.split(line)[3] for line in runner.pending_commands(loaded, runs)[0]] == ["--config.seed=1"]
     # Collecting lists the runs that cannot have run as unfinished (base/seed_0 lacks its metric logs: no numbers).
     _, unfinished = report.collect(loaded, str(tmp_path / "runs"), runs)
@@ -506,7 +522,7 @@ def test_a_run_trained_with_another_config_than_the_sweep_files_fails_and_is_not
         trained.seed = run.seed  # As train.py's --config.seed sets it.
         os.makedirs(run.workdir)
         save_config(trained, run.workdir)
-        _write_scores(run.workdir, loaded.run_config(run).num_train_steps)
+        _write_scores(run.workdir, loaded.run_config(run))
     assert [runner.config_changes(loaded.run_config(run), run.workdir) for run in runs] == [[], [], [], []]
     assert all(runner.is_finished(loaded.run_config(run), run.workdir) for run in runs[:3])
 

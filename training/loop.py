@@ -289,7 +289,7 @@ class _Throughput:
     @classmethod
     def of(cls, config: ml_collections.ConfigDict, model) -> "_Throughput":
         model_config = model.config.encoder if isinstance(model, Classifier) else model.config
-        per_device, source = flops.peak_flops_per_device(model_config.dtype, config.get("peak_flops_per_device", 0.0))
+        per_device, source = flops.peak_flops_per_device(model_config.dtype, config.peak_flops_per_device)
         logging.info(
             "Compute dtype %s (model.dtype=%r); MFU is model FLOP/s over %s devices x %.1f TFLOP/s (%s matmul peak).",
             model_config.dtype,

@@ -31,12 +31,6 @@ class BestScore:
             return f"valid BLEU {self.value:.2f}"
         return f"valid {self.metric} {self.value:.4f}"
 
-    @classmethod
-    def from_json(cls, score: dict) -> "BestScore":
-        if "valid_bleu" in score:  # Written before the metric was a parameter.
-            return cls(score["step"], score["valid_bleu"], "bleu")
-        return cls(**score)
-
 
 @dataclasses.dataclass(frozen=True)
 class Selection:

@@ -23,6 +23,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from common.errors import UserInputError
+
 # The JSON item saved with each checkpoint: {'version', 'method', 'leaves': {name: {'dtype', 'weighted', 'mixed'}}}.
 FORMAT_VERSION = 1
 METHOD = "per-leaf sums mod 2^32 of the uint32 bit patterns: odd-weighted and MurmurHash3-mixed"
@@ -111,3 +113,25 @@ class Summary:
             for name, now in self.leaves.items()
             if name in saved and saved[name]["dtype"] == now["dtype"] and saved[name] != now
         ]
+
+
+class NonFiniteStateError(UserInputError):
+    """A state or score holding NaN or Inf was about to be saved; nothing was written."""
+
+
+def finite_summary(tree: Any, refusal: str) -> Summary:
+    """`tree`'s Summary; if a leaf holds NaN or Inf, raises NonFiniteStateError: '<refusal> NaN or Inf in <leaf>...'."""
+    summary = Summary(tree)
+    if summary.nonfinite:
+        raise NonFiniteStateError(
+            f"{refusal} NaN or Inf in {some_names(summary.nonfinite)}. Nothing was written; the checkpoints "
+            "on disk are intact. The run diverged: lower the learning rate and rerun (it resumes from the last "
+            "checkpoint)."
+        )
+    return summary
+
+
+def some_names(names: list[str]) -> str:
+    """'a', 'a (and 1 more array)' or 'a (and 3 more arrays)'."""
+    more = len(names) - 1
+    return names[0] + (f" (and {more} more array{'s' if more > 1 else ''})" if more else "")

@@ -1,10 +1,10 @@
-"""Reading one checkpoint step of an Orbax CheckpointManager, and telling an intact step from a damaged one.
+"""Orbax managers of verified steps: reading one step back, and telling an intact step from a damaged one.
 
 Checked in order: the step's state/ folder is there; its metadata reads and the saved shapes fit the
-model (a misfit is the config's fault, not damage: a plain UserInputError); the arrays read; they are
-finite; their fingerprints equal those recorded at the save (checkpoint_integrity), for exactly the
-leaves restored. Anything else that keeps the step from restoring as saved is a DamagedCheckpointError
-with a one-line cause.
+model (a misfit is the config's fault, not damage: a plain UserInputError); its integrity record (the
+fingerprints taken at the save, integrity.py) is there and reads; the arrays read; they are
+finite; their fingerprints equal the recorded ones, for exactly the leaves restored. Anything else that
+keeps the step from restoring as saved is a DamagedCheckpointError with a one-line cause.
 """
 
 import logging as logging_std
@@ -18,7 +18,7 @@ import orbax.checkpoint as ocp
 
 from common import processes
 from common.errors import UserInputError
-from training.checkpoints.integrity import Summary, leaf_names
+from training.checkpoints.integrity import Summary, leaf_names, some_names
 
 
 class DamagedCheckpointError(UserInputError):
@@ -29,9 +29,29 @@ class DamagedCheckpointError(UserInputError):
         super().__init__(message or f"The checkpoint at step {step} in {directory} is damaged: {cause}")
 
 
+def open_manager(directory: str, *, keep: int, read_only: bool, create: bool, items: dict) -> ocp.CheckpointManager:
+    """An Orbax CheckpointManager of steps that hold a 'state' and its 'integrity' record, and `items`.
+
+    Args:
+        directory: the folder of the steps (absolute: Orbax requires it).
+        keep: the steps kept when saving (read-only: all of them).
+        read_only: never writes; `create` is then ignored.
+        create: create `directory` now rather than at the first save.
+        items: the handlers of the steps' other items, by name.
+    """
+    options = ocp.CheckpointManagerOptions(
+        max_to_keep=None if read_only else keep,
+        create=create and not read_only,
+        read_only=read_only,
+        save_interval_steps=0 if read_only else 1,
+    )
+    handlers = {"state": ocp.PyTreeCheckpointHandler(), "integrity": ocp.JsonCheckpointHandler(), **items}
+    return ocp.CheckpointManager(directory, options=options, item_handlers=handlers)
+
+
 def restore_verified(
     manager: ocp.CheckpointManager, step: int, abstract_state: Any, *, partial: bool = False, **other_items
-) -> tuple[dict, bool]:
+) -> dict:
     """Restores the 'state' item (and `other_items`) of `step`, and verifies what was read.
 
     Args:
@@ -42,8 +62,7 @@ def restore_verified(
         **other_items: restore args of the step's other items (e.g. data=ocp.args.JsonRestore()).
 
     Returns:
-        The restored items, and whether fingerprints were compared (False for a checkpoint saved
-        before they were recorded: then only finiteness is checked).
+        The restored items.
 
     Raises:
         UserInputError: the saved shapes do not fit `abstract_state` (checked on metadata, before any read).
@@ -57,12 +76,12 @@ def restore_verified(
 
     _check_fit(manager, step, saved_state_metadata(manager, step), abstract_state, partial=partial)
 
-    recorded = None
-    if os.path.isdir(os.path.join(step_dir, "integrity")):
-        try:
-            recorded = manager.restore(step, args=ocp.args.Composite(integrity=ocp.args.JsonRestore()))["integrity"]
-        except Exception as e:  # pylint: disable=broad-except
-            raise damaged(f"its integrity record is unreadable ({one_line(e)})") from None
+    if not os.path.isdir(os.path.join(step_dir, "integrity")):
+        raise damaged("its integrity/ record is missing, so its arrays cannot be verified")
+    try:
+        recorded = manager.restore(step, args=ocp.args.Composite(integrity=ocp.args.JsonRestore()))["integrity"]
+    except Exception as e:  # pylint: disable=broad-except
+        raise damaged(f"its integrity record is unreadable ({one_line(e)})") from None
     state = ocp.args.PyTreeRestore(
         item=abstract_state,
         restore_args=ocp.checkpoint_utils.construct_restore_args(abstract_state),
@@ -83,12 +102,17 @@ def restore_verified(
     summary = Summary(restored["state"])
     if summary.nonfinite:
         raise damaged(f"it holds NaN or Inf in {some_names(summary.nonfinite)}")
-    if recorded is not None and (mismatches := summary.mismatches(recorded)):
+    if mismatches := summary.mismatches(recorded):
         raise damaged(
             f"the contents of {some_names(mismatches)} differ from those saved (integrity check failed): "
             "its files were altered after the save"
         )
-    return restored, recorded is not None
+    return restored
+
+
+def restore_params(manager: ocp.CheckpointManager, step: int, abstract_params: Any) -> Any:
+    """The 'params' of the 'state' item saved at `step`, verified (nothing else of the state is read)."""
+    return restore_verified(manager, step, {"params": abstract_params}, partial=True)["state"]["params"]
 
 
 def saved_state_metadata(manager: ocp.CheckpointManager, step: int) -> Any:
@@ -134,12 +158,6 @@ def _check_fit(manager: ocp.CheckpointManager, step: int, saved_tree: Any, abstr
 def _shapes_by_name(tree: Any) -> dict[str, tuple[int, ...]]:
     """{'params/encoder/layers_0/.../kernel': shape} of a pytree (arrays, structs or metadata)."""
     return {name: tuple(leaf.shape) for name, leaf in zip(leaf_names(tree), jax.tree.leaves(tree))}
-
-
-def some_names(names: list[str]) -> str:
-    """'a', 'a (and 1 more array)' or 'a (and 3 more arrays)'."""
-    more = len(names) - 1
-    return names[0] + (f" (and {more} more array{'s' if more > 1 else ''})" if more else "")
 
 
 def one_line(error: BaseException) -> str:
