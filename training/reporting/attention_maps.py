@@ -1,6 +1,6 @@
 """Attention maps: every head's attention weights for one sentence pair, drawn as labelled heat maps.
 
-`attention_weights` runs the teacher-forced model (or the encoder classifier) once and
+`attention_weights` (attention_weights.py) runs the teacher-forced model (or the encoder classifier) once and
 collects the weights that `MultiHeadAttention` sows; `attention_figures` draws one figure per (stack, layer, kind of
 attention) with one heat map per head; `save_attention_maps` writes those figures as PNG files
 and `write_attention_summaries` sends the same figures to TensorBoard.
@@ -11,24 +11,20 @@ as the caller drops it.
 """
 
 import dataclasses
-import functools
 import math
 import os
 from collections.abc import Mapping, Sequence
 
-import jax
 import numpy as np
 import sentencepiece as spm
-from jax.experimental import multihost_utils
 from matplotlib.backends.backend_agg import FigureCanvasAgg, RendererAgg
 from matplotlib.colors import Normalize
 from matplotlib.figure import Figure
 from matplotlib.font_manager import FontProperties
 
-from common.errors import UserInputError
 from input_pipeline.tokenizer import encode_sources
 from models import Transformer
-from models.classifier import Classifier
+from training.reporting.attention_weights import attention_weights
 from training.reporting.metrics_writer import MetricWriter
 
 # SentencePiece's piece for bos_id: the first decoder input, and the classifier's [CLS] token.
@@ -56,81 +52,6 @@ _AXIS_LABELS = {
     },
     "cross_attention": {"decoder": ("query: token being predicted", "key: source token")},
 }
-
-
-# --------------------------------------------------------------------------- #
-# Collecting the weights.
-# --------------------------------------------------------------------------- #
-
-
-@functools.partial(jax.jit, static_argnums=0)
-def _sown_attention_weights(model: Transformer | Classifier, params, *ids: jax.Array):
-    """The 'intermediates' collection of a deterministic pass on [1, len] ids (source, and target if any)."""
-    # Linen modules hash and compare by their config, so equal models share one compiled pass.
-    _, state = model.apply({"params": params}, *ids, deterministic=True, mutable=["intermediates"])
-    return state["intermediates"]
-
-
-def _real_tokens(ids, pad_id: int, side: str, max_len: int) -> np.ndarray:
-    """`ids` [length] without its trailing padding; padding only ever trails the real tokens."""
-    ids = np.asarray(ids)
-    if ids.ndim != 1:
-        raise ValueError(f"{side} ids must be 1-D (one sentence), got shape {ids.shape}.")
-    ids = ids[: np.max(np.flatnonzero(ids != pad_id), initial=-1) + 1].astype(np.int32)
-    if not 0 < len(ids) <= max_len:
-        raise UserInputError(
-            f"The {side} sentence has {len(ids)} subword tokens; attention maps need 1 to {max_len} "
-            f"(the model's max_len). Use a shorter sentence."
-        )
-    return ids
-
-
-def attention_weights(model: Transformer | Classifier, params, source_ids, target_ids=None) -> dict[str, np.ndarray]:
-    """Every attention head's weights for one sentence pair under teacher forcing, or one classified sentence.
-
-    Args:
-        model: the Transformer (its config gives the layer counts and pad/bos ids), or the
-            encoder Classifier (then without `target_ids`; with 'cls' pooling the encoder
-            reads a [CLS] token first, and the maps have one more row and column, first).
-        params: its 'params' collection (arrays on any device, or numpy arrays).
-        source_ids: [src_len] int ids ending with eos; trailing padding is dropped.
-        target_ids: [tgt_len] int ids ending with eos; trailing padding is dropped. The
-            decoder reads bos followed by target_ids[:-1] (`shift_right`), so query i of the
-            decoder is the position that predicts target_ids[i]. None for the Classifier.
-
-    Returns:
-        Float32 attention probabilities of the real tokens, each row summing to 1, keyed
-        'encoder/layer_{i}/self_attention' [heads, src_len, src_len],
-        'decoder/layer_{i}/self_attention' [heads, tgt_len, tgt_len] (lower triangular) and
-        'decoder/layer_{i}/cross_attention' [heads, tgt_len, src_len], encoder layers first,
-        then decoder layers, each in layer order.
-    """
-    if isinstance(model, Classifier):
-        config = model.config.encoder
-        cls_token = int(model.config.pooling == "cls")
-        source_ids = _real_tokens(source_ids, config.pad_id, "source", config.max_len - cls_token)
-        sown = _sown_attention_weights(model, params, source_ids[None])
-    else:
-        config = model.config
-        source_ids = _real_tokens(source_ids, config.pad_id, "source", config.max_len)
-        target_ids = _real_tokens(target_ids, config.pad_id, "target", config.max_len)
-        sown = _sown_attention_weights(model, params, source_ids[None], target_ids[None])
-    # Numpy copies of the whole arrays, also where heads are split over other processes' devices
-    # (tensor parallelism across hosts): a collective then, which every process of a run reaches.
-    sown = multihost_utils.process_allgather(sown, tiled=True)
-
-    def weights_of(stack: str, layer: int, kind: str) -> np.ndarray:
-        # `sow` appends to a tuple; one pass sows once per attention module.
-        (batch_weights,) = sown[stack][f"layers_{layer}"][kind]["attention_weights"]
-        return np.asarray(batch_weights[0], np.float32)  # Drops the batch of one.
-
-    weights = {}
-    for i in range(config.num_encoder_layers):
-        weights[f"encoder/layer_{i}/self_attention"] = weights_of("encoder", i, "self_attention")
-    for i in range(config.num_decoder_layers):
-        for kind in ("self_attention", "cross_attention"):
-            weights[f"decoder/layer_{i}/{kind}"] = weights_of("decoder", i, kind)
-    return weights
 
 
 def token_pieces(tokenizer: spm.SentencePieceProcessor, ids) -> list[str]:
