@@ -7,7 +7,8 @@ import ml_collections
 
 from common.special_ids import BOS_ID, PAD_ID
 from models.classifier import Classifier, ClassifierConfig
-from models.transformer import Transformer, TransformerConfig
+from models.config import TransformerConfig
+from models.transformer import Transformer
 
 Model = Transformer | Classifier
 

@@ -17,9 +17,10 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from models.config import TransformerConfig
 from models.embeddings import TokenEmbedding
 from models.precision import float32_accumulating_dot_general
-from models.transformer import Encoder, TransformerConfig
+from models.transformer import Encoder
 
 Array = jax.Array
 POOLINGS = ('mean', 'cls')

@@ -1,15 +1,9 @@
-"""The encoder-decoder Transformer of "Attention Is All You Need" (Vaswani et al., 2017).
+"""The encoder and decoder stacks and the encoder-decoder `Transformer` of "Attention Is All You Need".
 
 Shapes: source ids [batch, src_len], target ids [batch, tgt_len], hidden states
 [batch, length, d_model], logits [batch, tgt_len, vocab]. Padding (pad_id) only ever
-trails the real tokens.
-
-Packing: a training row may hold several pairs, described per side by 'segment_ids'
-[batch, length] int32 (1, 2, ... per pair, 0 at padding; source segment k is the source
-of target segment k) and 'positions' [batch, length] int32 (0, 1, ... restarting in each
-segment). With them, every attention stays inside its pair, the decoder input restarts
-with bos in each segment, and the positional encodings use the given positions, so each
-pair's logits are those it would get in a row of its own. Without them a row is one pair.
+trails the real tokens. Rows that pack several pairs are described by one `Packing`
+(models/packing.py); without it a row is one pair.
 
 Positions: 'sinusoidal' and 'learned' encodings are added to the embeddings (section
 3.5); 'rotary' and 'relative' act inside every self-attention instead (models/positions.py),
@@ -25,73 +19,19 @@ the feed-forward biases are rounded to bfloat16 where flax's Dense adds them (so
 their gradients), as in the usual bfloat16 mixed precision.
 """
 
-import dataclasses
-import functools
-from collections.abc import Callable
-
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-from jax import lax
 
-from models.attention import MultiHeadAttention, causal_mask, padding_mask, segment_mask
+from models.attention import causal_mask, padding_mask, segment_mask
+from models.config import TransformerConfig
 from models.embeddings import PositionalEncoding, TokenEmbedding
+from models.layers import DecoderLayer, EncoderLayer, LayerCache, glorot_uniform_init, layer_norm
+from models.packing import Packing
 from models.precision import float32_accumulating_dot_general
 
 Array = jax.Array
-# Per decoder layer: 'self_key' [batch, max_length, heads, d_k] (rotated, with rotary
-# positions), 'self_value' [batch, max_length, heads, d_v] (filled up to the current
-# position) and 'cross_key', 'cross_value' [batch, src_len, heads, d_k or d_v] (computed
-# once from the encoder output).
-LayerCache = dict[str, Array]
 DecoderCache = dict[str, LayerCache]  # 'layers_{i}' -> LayerCache
-
-
-@dataclasses.dataclass(frozen=True)
-class TransformerConfig:
-    """Hyperparameters; validated by the config layer, not here.
-
-    The paper's base model: d_model=512, num_heads=8, d_ff=2048, 6 + 6 layers,
-    dropout_rate=0.1, attention_dropout_rate=0, sinusoidal positions, post-LN, tied
-    embeddings.
-    """
-
-    vocab_size: int
-    d_model: int
-    num_heads: int  # d_model must be divisible by num_heads.
-    d_ff: int
-    num_encoder_layers: int
-    num_decoder_layers: int
-    dropout_rate: float  # On the embedding sums and every sub-layer output.
-    attention_dropout_rate: float  # On the attention weights.
-    positional_encoding: str  # 'sinusoidal' | 'learned' (added to embeddings) | 'rotary' | 'relative' (in attention).
-    max_len: int  # Size of the positions table: the longest source or target.
-    norm_placement: str  # 'post' (paper): LN(x + sublayer(x)); 'pre': x + sublayer(LN(x)).
-    tie_embeddings: bool  # One matrix for source and target embeddings and the output projection.
-    dtype: str  # Matmul compute dtype, 'float32' | 'bfloat16'. Params are always float32.
-    key_dim: int = 0  # d_k of each head's queries and keys; 0: d_model // num_heads, as d_v always is.
-    relative_clip: int = 16  # 'relative': distances beyond this share one learned vector.
-    relative_values: bool = False  # 'relative': relative terms in the values too, not only the keys.
-    pad_id: int = 0
-    bos_id: int = 2
-    # models.attention.ATTENTION_IMPLEMENTATIONS: 'explicit', or jax.nn.dot_product_attention's
-    # 'xla' / 'cudnn' where no attention weight is needed (see MultiHeadAttention).
-    attention_implementation: str = 'explicit'
-
-    @property
-    def d_v(self) -> int:
-        """Each head's value size: d_model / h."""
-        return self.d_model // self.num_heads
-
-    @property
-    def d_k(self) -> int:
-        """Each head's query and key size."""
-        return self.key_dim or self.d_v
-
-    @property
-    def attention_positions(self) -> str | None:
-        """What self-attention does with positions: 'rotary', 'relative', or None (added to the embeddings)."""
-        return self.positional_encoding if self.positional_encoding in ('rotary', 'relative') else None
 
 
 def shift_right(targets: Array, bos_id: int) -> Array:
@@ -122,254 +62,9 @@ def shift_right_per_segment(targets: Array, positions: Array, bos_id: int) -> Ar
     return jnp.where(positions == 0, jnp.asarray(bos_id, targets.dtype), shift_right(targets, bos_id))
 
 
-def _check_packing(**packing: Array | None) -> None:
-    """Raises ValueError unless the packing arrays are all given (packed rows) or all None (one pair a row)."""
-    given = [name for name, array in packing.items() if array is not None]
-    if given and len(given) != len(packing):
-        missing = [name for name in packing if name not in given]
-        raise ValueError(f'Packed rows need {", ".join(packing)} together; missing {", ".join(missing)}.')
-
-
-def add_residual(
-    x: Array,
-    sublayer: Callable[[Array], Array],
-    norm: nn.LayerNorm,
-    dropout: nn.Dropout,
-    *,
-    norm_placement: str,
-    deterministic: bool,
-) -> Array:
-    """Wraps a sub-layer with dropout, a residual connection and LayerNorm.
-
-    post (paper, section 5.4): LN(x + Dropout(sublayer(x)))
-    pre: x + Dropout(sublayer(LN(x))); the stack then needs a final LayerNorm.
-    """
-    if norm_placement == 'pre':
-        return x + dropout(sublayer(norm(x)), deterministic=deterministic)
-    return norm(x + dropout(sublayer(x), deterministic=deterministic))
-
-
-def _kernel_init(*logical_axes: str) -> nn.initializers.Initializer:
-    """Glorot-uniform weights, their dimensions named for sharding (see training/runtime/sharding.py)."""
-    return nn.with_logical_partitioning(nn.initializers.xavier_uniform(), logical_axes)
-
-
-def _bias_init(logical_axis: str) -> nn.initializers.Initializer:
-    return nn.with_logical_partitioning(nn.initializers.zeros_init(), (logical_axis,))
-
-
-class FeedForward(nn.Module):
-    """Position-wise FFN(x) = max(0, x W_1 + b_1) W_2 + b_2 (section 3.3). [b, l, d_model] -> same."""
-
-    d_ff: int
-    dtype: jnp.dtype = jnp.float32
-
-    @nn.compact
-    def __call__(self, x: Array) -> Array:
-        d_model = x.shape[-1]
-        dense = functools.partial(nn.Dense, dtype=self.dtype, dot_general=float32_accumulating_dot_general)
-        hidden = dense(self.d_ff, kernel_init=_kernel_init('embed', 'mlp'), bias_init=_bias_init('mlp'), name='hidden')
-        output = dense(d_model, kernel_init=_kernel_init('mlp', 'embed'), bias_init=_bias_init('embed'), name='output')
-        return output(nn.relu(hidden(x)))
-
-
-def _multi_head_attention(config: TransformerConfig, *, self_attention: bool) -> MultiHeadAttention:
-    return MultiHeadAttention(
-        config.num_heads,
-        config.d_model,
-        config.attention_dropout_rate,
-        jnp.dtype(config.dtype),
-        implementation=config.attention_implementation,
-        key_dim=config.d_k,
-        positions=config.attention_positions if self_attention else None,
-        relative_clip=config.relative_clip,
-        relative_values=config.relative_values,
-    )
-
-
 def _positions_or_range(positions: Array | None, length: int) -> Array:
     """`positions` [batch, length] of packed rows, or 0 .. length - 1 as [1, length] for one sequence a row."""
     return jnp.arange(length, dtype=jnp.int32)[None] if positions is None else positions
-
-
-def _layer_norm(name: str | None = None) -> nn.LayerNorm:
-    # Always float32: normalisation statistics are precision sensitive.
-    return nn.LayerNorm(
-        epsilon=1e-6,
-        dtype=jnp.float32,
-        scale_init=nn.with_logical_partitioning(nn.initializers.ones_init(), ('norm',)),
-        bias_init=_bias_init('norm'),
-        name=name,
-    )
-
-
-class EncoderLayer(nn.Module):
-    """Self-attention then feed-forward, each wrapped by `add_residual`. [b, src, d_model] -> same."""
-
-    config: TransformerConfig
-
-    def setup(self):
-        config = self.config
-        dtype = jnp.dtype(config.dtype)
-        self.self_attention = _multi_head_attention(config, self_attention=True)
-        self.self_attention_norm = _layer_norm('self_attention_norm')
-        self.feed_forward = FeedForward(config.d_ff, dtype)
-        self.feed_forward_norm = _layer_norm('feed_forward_norm')
-        self.dropout = nn.Dropout(config.dropout_rate)
-
-    def __call__(self, x: Array, mask: Array, positions: Array, *, deterministic: bool) -> Array:
-        """x: [batch, src_len, d_model]; mask: [batch, 1, src_len, src_len], the source padding mask (in
-        packed rows, the segment mask); positions: [batch or 1, src_len] int, for rotary and relative positions."""
-        residual = functools.partial(
-            add_residual,
-            dropout=self.dropout,
-            norm_placement=self.config.norm_placement,
-            deterministic=deterministic,
-        )
-        x = residual(
-            x,
-            lambda h: self.self_attention(
-                h, h, mask, deterministic=deterministic, query_positions=positions, key_positions=positions
-            ),
-            self.self_attention_norm,
-        )
-        return residual(x, self.feed_forward, self.feed_forward_norm)
-
-
-class DecoderLayer(nn.Module):
-    """Causal self-attention, cross-attention to the encoder, feed-forward. [b, tgt, d_model] -> same."""
-
-    config: TransformerConfig
-
-    def setup(self):
-        config = self.config
-        dtype = jnp.dtype(config.dtype)
-        self.self_attention = _multi_head_attention(config, self_attention=True)
-        self.self_attention_norm = _layer_norm('self_attention_norm')
-        self.cross_attention = _multi_head_attention(config, self_attention=False)
-        self.cross_attention_norm = _layer_norm('cross_attention_norm')
-        self.feed_forward = FeedForward(config.d_ff, dtype)
-        self.feed_forward_norm = _layer_norm('feed_forward_norm')
-        self.dropout = nn.Dropout(config.dropout_rate)
-
-    def _sublayers(
-        self,
-        x: Array,
-        self_attend: Callable[[Array], Array],
-        cross_attend: Callable[[Array], Array],
-        *,
-        deterministic: bool,
-    ) -> Array:
-        """The three wrapped sub-layers; `*_attend` map a (normalised) stream to attention outputs."""
-        residual = functools.partial(
-            add_residual,
-            dropout=self.dropout,
-            norm_placement=self.config.norm_placement,
-            deterministic=deterministic,
-        )
-        x = residual(x, self_attend, self.self_attention_norm)
-        x = residual(x, cross_attend, self.cross_attention_norm)
-        return residual(x, self.feed_forward, self.feed_forward_norm)
-
-    def __call__(
-        self,
-        x: Array,
-        encoded: Array,
-        self_attention_mask: Array,
-        cross_attention_mask: Array,
-        positions: Array,
-        *,
-        deterministic: bool,
-    ) -> Array:
-        """Runs one decoder layer over a whole target sequence.
-
-        Args:
-            x: [batch, tgt_len, d_model] decoder stream.
-            encoded: [batch, src_len, d_model] encoder output (keys and values of the
-                cross-attention).
-            self_attention_mask: broadcastable to [batch, 1, tgt_len, tgt_len].
-            cross_attention_mask: broadcastable to [batch, 1, tgt_len, src_len].
-            positions: [batch or 1, tgt_len] int, for rotary and relative positions.
-            deterministic: disables dropout.
-        """
-        return self._sublayers(
-            x,
-            lambda h: self.self_attention(
-                h,
-                h,
-                self_attention_mask,
-                deterministic=deterministic,
-                query_positions=positions,
-                key_positions=positions,
-            ),
-            lambda h: self.cross_attention(h, encoded, cross_attention_mask, deterministic=deterministic),
-            deterministic=deterministic,
-        )
-
-    def init_cache(self, encoded: Array, max_length: int) -> LayerCache:
-        """The cache before the first step: cross-attention keys/values of `encoded`, empty self-attention slots."""
-        config = self.config
-        # Stored in the compute dtype: attention casts keys and values to it anyway.
-        dtype = jnp.dtype(config.dtype)
-        cross_key, cross_value = self.cross_attention.project_key_value(encoded)
-        return {
-            'self_key': jnp.zeros((encoded.shape[0], max_length, config.num_heads, config.d_k), dtype),
-            'self_value': jnp.zeros((encoded.shape[0], max_length, config.num_heads, config.d_v), dtype),
-            'cross_key': cross_key.astype(dtype),
-            'cross_value': cross_value.astype(dtype),
-        }
-
-    def decode_step(
-        self, x: Array, cache: LayerCache, position: Array, cross_attention_mask: Array
-    ) -> tuple[Array, LayerCache]:
-        """Runs the layer for one new target position, reading and extending `cache`.
-
-        Args:
-            x: [batch, 1, d_model] decoder stream at `position`.
-            cache: from `init_cache` or the previous step.
-            position: [] int32, the index of this position (earlier ones are cached).
-            cross_attention_mask: broadcastable to [batch, 1, 1, src_len].
-
-        Returns:
-            The layer output [batch, 1, d_model] and the cache with this position's
-            self-attention key and value written in.
-        """
-        new_cache = dict(cache)
-        # This step's query and its new key sit at `position`; the cache's slots hold 0 .. max_length - 1.
-        query_positions = jnp.full((1, 1), position, jnp.int32)
-        key_positions = jnp.arange(cache['self_key'].shape[1], dtype=jnp.int32)[None]
-
-        def self_attend(h: Array) -> Array:
-            key, value = self.self_attention.project_key_value(h, query_positions)  # [batch, 1, heads, d_k or d_v]
-            for name, new in (('self_key', key), ('self_value', value)):
-                new_cache[name] = lax.dynamic_update_slice_in_dim(
-                    cache[name], new.astype(cache[name].dtype), position, axis=1
-                )
-            # Slots after `position` are still empty; the causal mask hides them.
-            visible = jnp.arange(cache['self_key'].shape[1]) <= position
-            # One query a step: the explicit formula (fused kernels gain nothing at q_len 1).
-            return self.self_attention.attend(
-                h,
-                new_cache['self_key'],
-                new_cache['self_value'],
-                visible[None, None, None, :],
-                deterministic=True,
-                query_positions=query_positions,
-                key_positions=key_positions,
-                implementation='explicit',
-            )
-
-        def cross_attend(h: Array) -> Array:
-            return self.cross_attention.attend(
-                h,
-                cache['cross_key'],
-                cache['cross_value'],
-                cross_attention_mask,
-                deterministic=True,
-                implementation='explicit',
-            )
-
-        return self._sublayers(x, self_attend, cross_attend, deterministic=True), new_cache
 
 
 class Encoder(nn.Module):
@@ -383,42 +78,43 @@ class Encoder(nn.Module):
     config: TransformerConfig
     token_embedding: TokenEmbedding
 
-    @nn.compact
-    def __call__(
-        self,
-        inputs: Array,
-        *,
-        segment_ids: Array | None = None,
-        positions: Array | None = None,
-        deterministic: bool,
-    ) -> Array:
+    def setup(self):
+        config = self.config
+        if config.attention_positions is None:
+            self.position_embedding = PositionalEncoding(config.positional_encoding, config.max_len)
+        # The name seeds the dropout masks: 'Dropout_0' keeps those of trained runs reproducible.
+        self.dropout = nn.Dropout(config.dropout_rate, name='Dropout_0')
+        self.layers = [EncoderLayer(config) for _ in range(config.num_encoder_layers)]
+        if config.norm_placement == 'pre':
+            self.final_norm = layer_norm()
+
+    def __call__(self, inputs: Array, *, packing: Packing | None = None, deterministic: bool) -> Array:
         """Maps source ids [batch, src_len] to encodings [batch, src_len, d_model] float32.
 
         Args:
             inputs: [batch, src_len] int ids, pad_id-padded.
-            segment_ids, positions: [batch, src_len] int, for rows that pack several
-                sources (see the module docstring); None for one source a row.
+            packing: for rows that pack several sources (its `source` side is read);
+                None for one source a row.
             deterministic: disables dropout.
         """
         config = self.config
-        _check_packing(segment_ids=segment_ids, positions=positions)
+        segments = None if packing is None else packing.source
+        positions = None if segments is None else segments.positions
         x = self.token_embedding(inputs)
         if config.attention_positions is None:
-            x = PositionalEncoding(config.positional_encoding, config.max_len, name='position_embedding')(
-                x, positions=positions
-            )
-        x = nn.Dropout(config.dropout_rate)(x, deterministic=deterministic)
+            x = self.position_embedding(x, positions=positions)
+        x = self.dropout(x, deterministic=deterministic)
 
-        if segment_ids is None:
+        if segments is None:
             source_valid = inputs != config.pad_id
             mask = padding_mask(source_valid, source_valid)
         else:
-            mask = segment_mask(segment_ids, segment_ids)
+            mask = segment_mask(segments.segment_ids, segments.segment_ids)
         positions = _positions_or_range(positions, inputs.shape[1])
-        for i in range(config.num_encoder_layers):
-            x = EncoderLayer(config, name=f'layers_{i}')(x, mask, positions, deterministic=deterministic)
+        for layer in self.layers:
+            x = layer(x, mask, positions, deterministic=deterministic)
         if config.norm_placement == 'pre':
-            x = _layer_norm('final_norm')(x)
+            x = self.final_norm(x)
         return x
 
 
@@ -443,7 +139,7 @@ class Decoder(nn.Module):
         self.dropout = nn.Dropout(config.dropout_rate)
         self.layers = [DecoderLayer(config) for _ in range(config.num_decoder_layers)]
         if config.norm_placement == 'pre':
-            self.final_norm = _layer_norm()
+            self.final_norm = layer_norm()
 
     def _embed(
         self, ids: Array, *, offset: Array | int = 0, positions: Array | None = None, deterministic: bool
@@ -468,9 +164,7 @@ class Decoder(nn.Module):
         inputs: Array,
         decoder_inputs: Array,
         *,
-        inputs_segment_ids: Array | None = None,
-        targets_segment_ids: Array | None = None,
-        targets_positions: Array | None = None,
+        packing: Packing | None = None,
         deterministic: bool,
     ) -> Array:
         """Computes decoder hidden states.
@@ -478,32 +172,28 @@ class Decoder(nn.Module):
         Args:
             encoded: [batch, src_len, d_model] encoder output.
             inputs: [batch, src_len] source ids, for the source padding mask (packed rows use
-                inputs_segment_ids instead).
+                the source segment ids instead).
             decoder_inputs: [batch, tgt_len] ids starting with bos (in packed rows, each
                 sequence starting with bos: `shift_right_per_segment`).
-            inputs_segment_ids: [batch, src_len] int, for packed rows; None for one pair a row.
-            targets_segment_ids, targets_positions: [batch, tgt_len] int, for packed rows.
+            packing: for rows that pack several pairs; None for one pair a row.
             deterministic: disables dropout.
 
         Returns:
             [batch, tgt_len, d_model] float32.
         """
-        _check_packing(
-            inputs_segment_ids=inputs_segment_ids,
-            targets_segment_ids=targets_segment_ids,
-            targets_positions=targets_positions,
-        )
         length = decoder_inputs.shape[1]
-        x = self._embed(decoder_inputs, positions=targets_positions, deterministic=deterministic)
-        if targets_segment_ids is None:
+        positions = None if packing is None else packing.target.positions
+        x = self._embed(decoder_inputs, positions=positions, deterministic=deterministic)
+        if packing is None:
             # Causal masking alone suffices: padding only trails the real tokens, so real
             # positions never see it, and position 0 (bos) keeps every row non-empty.
             self_attention_mask = causal_mask(length)
             cross_attention_mask = self._cross_attention_mask(inputs, length)
         else:
-            self_attention_mask = causal_mask(length) & segment_mask(targets_segment_ids, targets_segment_ids)
-            cross_attention_mask = segment_mask(targets_segment_ids, inputs_segment_ids)
-        positions = _positions_or_range(targets_positions, length)
+            target_segment_ids = packing.target.segment_ids
+            self_attention_mask = causal_mask(length) & segment_mask(target_segment_ids, target_segment_ids)
+            cross_attention_mask = segment_mask(target_segment_ids, packing.source.segment_ids)
+        positions = _positions_or_range(positions, length)
         for layer in self.layers:
             x = layer(x, encoded, self_attention_mask, cross_attention_mask, positions, deterministic=deterministic)
         return self._final(x)
@@ -556,7 +246,7 @@ class Transformer(nn.Module):
                 use_bias=False,
                 dtype=dtype,
                 dot_general=float32_accumulating_dot_general,
-                kernel_init=_kernel_init('embed', 'vocab'),
+                kernel_init=glorot_uniform_init('embed', 'vocab'),
             )
             source_embedding, target_embedding = self.source_embedding, self.target_embedding
         self.encoder = Encoder(config, source_embedding)
@@ -566,15 +256,14 @@ class Transformer(nn.Module):
         self,
         inputs: Array,
         *,
-        segment_ids: Array | None = None,
-        positions: Array | None = None,
+        packing: Packing | None = None,
         deterministic: bool,
     ) -> Array:
         """Source ids [batch, src_len] (pad_id-padded) -> encoded [batch, src_len, d_model].
 
-        `segment_ids` and `positions` [batch, src_len] describe packed rows (module docstring).
+        `packing` describes rows that pack several pairs (its source side is read here).
         """
-        return self.encoder(inputs, segment_ids=segment_ids, positions=positions, deterministic=deterministic)
+        return self.encoder(inputs, packing=packing, deterministic=deterministic)
 
     def _logits(self, hidden: Array) -> Array:
         if self.config.tie_embeddings:
@@ -589,9 +278,7 @@ class Transformer(nn.Module):
         inputs: Array,
         decoder_inputs: Array,
         *,
-        inputs_segment_ids: Array | None = None,
-        targets_segment_ids: Array | None = None,
-        targets_positions: Array | None = None,
+        packing: Packing | None = None,
         deterministic: bool,
     ) -> Array:
         """Next-token logits [batch, tgt_len, vocab] float32 for each decoder input position.
@@ -599,22 +286,13 @@ class Transformer(nn.Module):
         Args:
             encoded: [batch, src_len, d_model] from `encode`.
             inputs: [batch, src_len] source ids, for the source padding mask (packed rows use
-                inputs_segment_ids instead).
+                the source segment ids instead).
             decoder_inputs: [batch, tgt_len] ids, already starting with bos_id (in each
                 sequence, for packed rows).
-            inputs_segment_ids: [batch, src_len], targets_segment_ids and targets_positions
-                [batch, tgt_len]: for packed rows (module docstring); None for one pair a row.
+            packing: for rows that pack several pairs; None for one pair a row.
             deterministic: disables dropout.
         """
-        hidden = self.decoder(
-            encoded,
-            inputs,
-            decoder_inputs,
-            inputs_segment_ids=inputs_segment_ids,
-            targets_segment_ids=targets_segment_ids,
-            targets_positions=targets_positions,
-            deterministic=deterministic,
-        )
+        hidden = self.decoder(encoded, inputs, decoder_inputs, packing=packing, deterministic=deterministic)
         return self._logits(hidden)
 
     def init_cache(self, encoded: Array, max_length: int) -> DecoderCache:
@@ -642,10 +320,7 @@ class Transformer(nn.Module):
         inputs: Array,
         targets: Array,
         *,
-        inputs_segment_ids: Array | None = None,
-        inputs_positions: Array | None = None,
-        targets_segment_ids: Array | None = None,
-        targets_positions: Array | None = None,
+        packing: Packing | None = None,
         deterministic: bool,
     ) -> Array:
         """Teacher-forced logits [batch, tgt_len, vocab]; logits[:, i] predicts targets[:, i].
@@ -653,30 +328,13 @@ class Transformer(nn.Module):
         Args:
             inputs: [batch, src_len] int32 source ids (pad_id-padded, each sequence ending with eos).
             targets: [batch, tgt_len] int32 target ids (pad_id-padded, each sequence ending with eos).
-            inputs_segment_ids, inputs_positions: [batch, src_len] int32;
-            targets_segment_ids, targets_positions: [batch, tgt_len] int32: all four for
-                rows that pack several pairs (module docstring), or none for one pair a row.
+            packing: for rows that pack several pairs (`Packing.from_batch`); None for one
+                pair a row.
             deterministic: disables dropout; otherwise a 'dropout' rng is required.
         """
-        _check_packing(
-            inputs_segment_ids=inputs_segment_ids,
-            inputs_positions=inputs_positions,
-            targets_segment_ids=targets_segment_ids,
-            targets_positions=targets_positions,
-        )
-        encoded = self.encode(
-            inputs, segment_ids=inputs_segment_ids, positions=inputs_positions, deterministic=deterministic
-        )
-        if targets_positions is None:
+        encoded = self.encode(inputs, packing=packing, deterministic=deterministic)
+        if packing is None:
             decoder_inputs = shift_right(targets, self.config.bos_id)
         else:
-            decoder_inputs = shift_right_per_segment(targets, targets_positions, self.config.bos_id)
-        return self.decode(
-            encoded,
-            inputs,
-            decoder_inputs,
-            inputs_segment_ids=inputs_segment_ids,
-            targets_segment_ids=targets_segment_ids,
-            targets_positions=targets_positions,
-            deterministic=deterministic,
-        )
+            decoder_inputs = shift_right_per_segment(targets, packing.target.positions, self.config.bos_id)
+        return self.decode(encoded, inputs, decoder_inputs, packing=packing, deterministic=deterministic)

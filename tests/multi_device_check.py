@@ -34,7 +34,8 @@ from common.special_ids import BOS_ID, EOS_ID
 from configs import default
 from input_pipeline.batching import ParallelIds, RaggedIds
 from models.build import make_model
-from models.decoding import greedy_decode
+from models.decoding import generate
+from models.search import argmax_token
 from training import loop
 from training.checkpoints.checkpointer import Checkpointer
 from training.optimizer import make_optimizer
@@ -146,7 +147,9 @@ def _assert(condition, message):
 def _evaluate(params, config, mesh, model, batch):
     """Eval sums and greedy translations on `mesh`, with `params` sharded as they are."""
     sums = jax.jit(lambda p, b: eval_step(p, b, model=model))(params, sharding.shard_batch(batch, mesh))
-    decode = jax.jit(lambda p, x: greedy_decode(p, x, model=model, max_length=10, bos_id=BOS_ID, eos_id=EOS_ID))
+    decode = jax.jit(
+        lambda p, x: generate(p, x, model=model, choose_token=argmax_token, max_length=10, bos_id=BOS_ID, eos_id=EOS_ID)
+    )
     tokens = decode(params, sharding.shard_batch(batch, mesh)["inputs"])
     return jax.device_get(sums), np.asarray(tokens)
 

@@ -13,17 +13,8 @@ from conftest import TINY_MODEL
 from tolerances import FLOAT32_EPS, rounding_tolerance, transformer_operations
 
 from models import Transformer
-from models.decoding import (
-    NEG_INF,
-    argmax_token,
-    beam_search,
-    beam_search_loop,
-    greedy_decode,
-    length_penalty,
-    sample_decode,
-    sampled_token,
-    search_loop,
-)
+from models.decoding import beam_search, generate
+from models.search import NEG_INF, argmax_token, beam_search_loop, length_penalty, sampled_token, search_loop
 
 BOS, EOS, PAD = 2, 3, 0
 
@@ -75,9 +66,9 @@ def test_cached_greedy_equals_uncached_greedy(dtype):
     model, params, inputs = _model(dtype=dtype)
     # Larger weights make an untrained model's choices depend on the source and the prefix.
     params = jax.tree.map(lambda x: 5.0 * x, params)
-    kwargs = dict(model=model, max_length=10, bos_id=BOS, eos_id=EOS)
-    cached = jax.jit(functools.partial(greedy_decode, **kwargs))(params, inputs)
-    uncached = jax.jit(functools.partial(greedy_decode, use_cache=False, **kwargs))(params, inputs)
+    kwargs = dict(model=model, choose_token=argmax_token, max_length=10, bos_id=BOS, eos_id=EOS)
+    cached = jax.jit(functools.partial(generate, **kwargs))(params, inputs)
+    uncached = jax.jit(functools.partial(generate, use_cache=False, **kwargs))(params, inputs)
     assert cached.shape == (3, 10)
     assert len(np.unique(np.asarray(cached))) >= 5, cached  # Not one token repeated.
     np.testing.assert_array_equal(cached, uncached)
@@ -86,7 +77,7 @@ def test_cached_greedy_equals_uncached_greedy(dtype):
 def test_all_padding_rows_stay_padding():
     model, params, inputs = _model()
     inputs = inputs.at[2].set(PAD)
-    out = greedy_decode(params, inputs, model=model, max_length=6, bos_id=BOS, eos_id=EOS)
+    out = generate(params, inputs, model=model, choose_token=argmax_token, max_length=6, bos_id=BOS, eos_id=EOS)
     np.testing.assert_array_equal(out[2], np.zeros(6))
 
 
@@ -179,14 +170,14 @@ def test_sampling_follows_the_tempered_distribution(temperature, top_k, expected
 def test_sampling_is_reproducible_and_depends_on_the_key():
     model, params, inputs = _model()
     params = jax.tree.map(lambda x: 3.0 * x, params)
-    sample = jax.jit(functools.partial(sample_decode, model=model, max_length=10, temperature=1.0, **_IDS))
+    sample = jax.jit(functools.partial(generate, model=model, choose_token=sampled_token(1.0), max_length=10, **_IDS))
     a, b = sample(params, inputs, jax.random.PRNGKey(7)), sample(params, inputs, jax.random.PRNGKey(7))
     np.testing.assert_array_equal(a, b)
     c = sample(params, inputs, jax.random.PRNGKey(8))
     assert not np.array_equal(a, c)
     # A near-zero temperature is greedy.
-    cold = jax.jit(functools.partial(sample_decode, model=model, max_length=10, temperature=1e-4, **_IDS))
-    greedy = greedy_decode(params, inputs, model=model, max_length=10, **_IDS)
+    cold = jax.jit(functools.partial(generate, model=model, choose_token=sampled_token(1e-4), max_length=10, **_IDS))
+    greedy = generate(params, inputs, model=model, choose_token=argmax_token, max_length=10, **_IDS)
     np.testing.assert_array_equal(cold(params, inputs, jax.random.PRNGKey(7)), greedy)
 
 
@@ -299,7 +290,7 @@ def test_beam_size_one_equals_greedy(dtype):
     model, params, inputs = _model(dtype=dtype)
     params = jax.tree.map(lambda x: 5.0 * x, params)
     beam = jax.jit(functools.partial(beam_search, model=model, beam_size=1, alpha=0.0, max_length=10, **_IDS))
-    greedy = jax.jit(functools.partial(greedy_decode, model=model, max_length=10, **_IDS))
+    greedy = jax.jit(functools.partial(generate, model=model, choose_token=argmax_token, max_length=10, **_IDS))
     np.testing.assert_array_equal(beam(params, inputs), greedy(params, inputs))
 
 

@@ -2,6 +2,7 @@
 
 import dataclasses
 import functools
+import re
 
 import flax.linen as nn
 import grain
@@ -13,7 +14,7 @@ from conftest import TINY_MODEL
 from tolerances import loss_rtol, rounding_tolerance, transformer_operations
 
 from configs import default
-from models import Transformer
+from models import Packing, Transformer
 from models.attention import segment_mask
 from models.build import make_model
 from models.embeddings import PositionalEncoding, sinusoidal_positions
@@ -80,7 +81,9 @@ def init_params(config):
 
 def token_losses(model, params, batch):
     """[batch, length] label-smoothed losses of the targets, 0 at padding."""
-    logits = model.apply({'params': params}, **batch, deterministic=True)
+    logits = model.apply(
+        {'params': params}, batch['inputs'], batch['targets'], packing=Packing.from_batch(batch), deterministic=True
+    )
     return smoothed_cross_entropy(logits, batch['targets'], LABEL_SMOOTHING) * (batch['targets'] != 0)
 
 
@@ -161,11 +164,20 @@ def test_pack_writes_the_rows_grain_packs():
 
 
 def test_packing_arrays_come_together():
-    model, params = init_params(CONFIG)
     batch = pack(PAIRS, PACKED_ROWS, PACKED_LENGTH)
+    assert Packing.from_batch(unpacked(PAIRS, UNPACKED_LENGTH)) is None
     del batch['targets_positions']
     with pytest.raises(ValueError, match='missing targets_positions'):
-        model.apply({'params': params}, **batch, deterministic=True)
+        Packing.from_batch(batch)
+
+
+@pytest.mark.parametrize('key', ['inputs_segment_ids', 'targets_positions'])
+def test_packing_arrays_must_match_their_sides_ids(key):
+    batch = pack(PAIRS, PACKED_ROWS, PACKED_LENGTH)
+    batch[key] = batch[key][:, :-1]
+    side = key.split('_')[0]
+    with pytest.raises(ValueError, match=re.escape(f"'{key}' has shape (2, 11), '{side}' (2, 12)")):
+        Packing.from_batch(batch)
 
 
 # --------------------------------------------------------------------------- #
@@ -176,24 +188,20 @@ def test_packing_arrays_come_together():
 def test_a_segment_cannot_influence_another():
     model, params = init_params(CONFIG)
     batch = pack(PAIRS, PACKED_ROWS, PACKED_LENGTH)
-    packing = {key: value for key, value in batch.items() if key not in ('inputs', 'targets')}
+    packing = Packing.from_batch(batch)
 
     def outputs(batch):
-        encoded = model.apply(
-            {'params': params},
-            batch['inputs'],
-            segment_ids=batch['inputs_segment_ids'],
-            positions=batch['inputs_positions'],
-            method=Transformer.encode,
-            deterministic=True,
-        )
-        return np.asarray(encoded[0]), np.asarray(model.apply({'params': params}, **batch, deterministic=True)[0])
+        variables = {'params': params}
+        inputs, targets = batch['inputs'], batch['targets']
+        encoded = model.apply(variables, inputs, packing=packing, method=Transformer.encode, deterministic=True)
+        logits = model.apply(variables, inputs, targets, packing=packing, deterministic=True)
+        return np.asarray(encoded[0]), np.asarray(logits[0])
 
     encoded, logits = outputs(batch)
     # Padded queries attend to nothing (their rows of the masks are all False), yet stay finite.
     assert np.isfinite(encoded).all() and np.isfinite(logits).all()
     # Row 0 holds segment 1 (pair 0), then segment 2 (pair 2). Change a source and a target token of segment 1.
-    changed = {**packing, 'inputs': batch['inputs'].copy(), 'targets': batch['targets'].copy()}
+    changed = {'inputs': batch['inputs'].copy(), 'targets': batch['targets'].copy()}
     changed['inputs'][0, 1] = 20
     changed['targets'][0, 0] = 20
     changed_encoded, changed_logits = outputs(changed)

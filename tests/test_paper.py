@@ -25,7 +25,8 @@ from models import Transformer
 from models.attention import MultiHeadAttention
 from models.build import make_model
 from models.embeddings import PositionalEncoding, sinusoidal_positions
-from models.transformer import Decoder, DecoderLayer, Encoder, EncoderLayer, FeedForward, shift_right
+from models.layers import DecoderLayer, EncoderLayer, FeedForward
+from models.transformer import Decoder, Encoder, shift_right
 from training.optimizer import make_optimizer
 from training.state import create_train_state
 from training.steps import train_step

@@ -32,8 +32,9 @@ from common.errors import UserInputError
 from models import Classifier, ClassifierConfig, Transformer
 from models.attention import MultiHeadAttention, causal_mask, dot_product_attention, segment_mask
 from models.build import make_model
-from models.decoding import beam_search, decoding_memory_bytes, greedy_decode
+from models.decoding import beam_search, decoding_memory_bytes, generate
 from models.positions import RelativeTerms, relative_distances, rotate
+from models.search import argmax_token
 from training.config_checks import validate_config
 from training.reporting import attention_maps
 
@@ -321,12 +322,10 @@ def test_cached_greedy_and_beam_search_equal_their_uncached_runs(variant):
     # Larger weights make an untrained model's choices depend on the source and the prefix.
     params = jax.tree.map(lambda x: 5.0 * x, params)
     kwargs = dict(model=model, max_length=10, bos_id=BOS, eos_id=EOS)
-    greedy = jax.jit(functools.partial(greedy_decode, **kwargs))
-    cached = greedy(params, inputs)
+    greedy = functools.partial(generate, choose_token=argmax_token, **kwargs)
+    cached = jax.jit(greedy)(params, inputs)
     assert len(np.unique(np.asarray(cached))) >= 5, cached  # Not one token repeated.
-    np.testing.assert_array_equal(
-        cached, jax.jit(functools.partial(greedy_decode, use_cache=False, **kwargs))(params, inputs)
-    )
+    np.testing.assert_array_equal(cached, jax.jit(functools.partial(greedy, use_cache=False))(params, inputs))
     beam = functools.partial(beam_search, beam_size=3, alpha=0.6, return_all=True, **kwargs)
     tokens, scores = jax.jit(beam)(params, inputs)
     uncached_tokens, uncached_scores = jax.jit(functools.partial(beam, use_cache=False))(params, inputs)

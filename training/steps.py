@@ -21,16 +21,13 @@ from jax import lax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from common.mesh_axes import LogicalRules
-from models import Transformer
+from models import Packing, Transformer
 from training.losses import token_metrics
 from training.runtime import sharding
 from training.state import TrainState
 
-# Translation: 'inputs', 'targets' [batch, length] int32; packed rows add PACKING_KEYS.
+# Translation: 'inputs', 'targets' [batch, length] int32; packed rows add models.packing.BATCH_KEYS.
 Batch = dict[str, jax.Array]
-# Rows that pack several pairs describe them per side, [batch, length] int32 each:
-# segment ids 1, 2, ... per pair (0 at padding) and positions restarting in each pair.
-PACKING_KEYS = ("inputs_segment_ids", "inputs_positions", "targets_segment_ids", "targets_positions")
 # (params, batch, dropout rng) -> (summed loss to differentiate, sums of 'loss', 'nll', 'correct', 'tokens').
 # Sums, not means: they add up across micro-batches and devices; 'tokens' is what the
 # train step divides them by (target tokens, or examples for classification).
@@ -42,11 +39,15 @@ def translation_loss(
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
     """The `LossFn` of translation: teacher-forced, label-smoothed, summed over target tokens.
 
-    A batch of packed rows (with PACKING_KEYS) scores each pair as if it had a row of its own.
+    A batch of packed rows (`Packing.from_batch`) scores each pair as if it had a row of its own.
     """
-    packing = {key: batch[key] for key in PACKING_KEYS if key in batch}
     logits = model.apply(
-        {"params": params}, batch["inputs"], batch["targets"], **packing, deterministic=False, rngs={"dropout": rng}
+        {"params": params},
+        batch["inputs"],
+        batch["targets"],
+        packing=Packing.from_batch(batch),
+        deterministic=False,
+        rngs={"dropout": rng},
     )
     sums = token_metrics(logits, batch["targets"], label_smoothing)
     return sums["loss"], sums

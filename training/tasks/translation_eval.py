@@ -19,7 +19,8 @@ from common.special_ids import BOS_ID, EOS_ID, PAD_ID
 from input_pipeline import batching
 from input_pipeline.datasets import TextPairs
 from models import Transformer
-from models.decoding import beam_search, decode_length, greedy_decode, sample_decode
+from models.decoding import beam_search, decode_length, generate
+from models.search import argmax_token, sampled_token
 from training.reporting.scores import nulls_for_nonfinite, write_scores
 from training.runtime.sharding import process_rows, shard_batch
 
@@ -31,16 +32,15 @@ def make_decode_fn(model: Transformer, eval_config: ml_collections.ConfigDict) -
     """The jitted decoding config.eval asks for: greedy (beam_size 1), beam search, or sampling (temperature > 0)."""
     special = dict(bos_id=BOS_ID, eos_id=EOS_ID, pad_id=PAD_ID)
     if eval_config.temperature > 0:
-        decode = functools.partial(
-            sample_decode, model=model, temperature=eval_config.temperature, top_k=eval_config.top_k, **special
-        )
+        choose_token = sampled_token(eval_config.temperature, eval_config.top_k)
+        decode = functools.partial(generate, model=model, choose_token=choose_token, **special)
     else:
         if eval_config.beam_size > 1:
             search = functools.partial(
                 beam_search, model=model, beam_size=eval_config.beam_size, alpha=eval_config.length_penalty, **special
             )
         else:
-            search = functools.partial(greedy_decode, model=model, **special)
+            search = functools.partial(generate, model=model, choose_token=argmax_token, **special)
 
         def decode(params, inputs, rng, *, max_length):
             del rng  # Search is deterministic.
