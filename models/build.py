@@ -14,8 +14,8 @@ Model = Transformer | Classifier
 
 
 def is_classification(config: ml_collections.ConfigDict) -> bool:
-    """Whether config.task is 'classification' (configs written before tasks existed translate)."""
-    return config.get("task", "translation") == "classification"
+    """Whether config.task is 'classification' (else 'translation')."""
+    return config.task == "classification"
 
 
 # CPU feature flags (Linux /proc/cpuinfo: x86 'flags', Arm 'Features') of bf16 matmul instructions.
@@ -90,14 +90,13 @@ def make_model(config: ml_collections.ConfigDict, vocab_size: int, num_classes: 
         norm_placement=model.norm_placement,
         tie_embeddings=model.tie_embeddings,
         dtype=dtype,
-        # Configs (and workdirs' config.json) written before these fields existed lack them.
-        key_dim=model.get("key_dim", 0),
-        relative_clip=model.get("relative_clip", 16),
-        relative_values=model.get("relative_values", False),
+        key_dim=model.key_dim,
+        relative_clip=model.relative_clip,
+        relative_values=model.relative_values,
         pad_id=PAD_ID,
         bos_id=BOS_ID,
         attention_implementation=attention_implementation(
-            model.get("attention_implementation", "auto"), dtype, model.d_model // model.num_heads
+            model.attention_implementation, dtype, model.d_model // model.num_heads
         ),
     )
     if is_classification(config):

@@ -11,7 +11,6 @@ import functools
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 import pytest
 from conftest import TINY_MODEL, tiny_config
@@ -398,15 +397,6 @@ def test_the_config_builds_the_kind_it_names(kind):
     model_config = make_model(config, vocab_size=config.tokenizer.vocab_size).config
     assert (model_config.positional_encoding, model_config.d_k, model_config.d_v) == (kind, 8, 16)
     assert (model_config.relative_clip, model_config.relative_values) == (16, True)
-
-
-def test_a_config_written_before_the_new_fields_builds_the_same_model():
-    config = tiny_config()
-    old = ml_collections.ConfigDict(config.to_dict())
-    for name in ('key_dim', 'relative_clip', 'relative_values'):
-        del old.model[name]
-    validate_config(old, num_devices=1)
-    assert make_model(old, vocab_size=50).config == make_model(config, vocab_size=50).config
 
 
 @pytest.mark.parametrize(
