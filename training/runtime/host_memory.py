@@ -31,7 +31,7 @@ import ctypes.util
 import os
 import sys
 
-from common.errors import UserInputError
+from common.config_fields import require_choice
 
 ALLOCATORS = ("huge_pages", "keep_freed", "glibc")
 DEFAULT_ALLOCATOR = "huge_pages"  # config.host_allocator's default; translate.py and classify.py run with it.
@@ -80,13 +80,17 @@ def _effective(allocator: str) -> str:
     return allocator
 
 
+def check_allocator(allocator: str) -> None:
+    """Raises UserInputError unless `allocator` (config.host_allocator) is one of ALLOCATORS."""
+    require_choice("host_allocator", allocator, ALLOCATORS)
+
+
 def allocator_environment(allocator: str, environ: dict[str, str]) -> dict[str, str] | None:
     """`environ` for a process that runs with `allocator`, or None if this one already does.
 
     The user's own GLIBC_TUNABLES stay, after the allocator's (glibc takes the last setting).
     """
-    if allocator not in ALLOCATORS:
-        raise UserInputError(f"config.host_allocator is {allocator!r}; choose one of {ALLOCATORS}.")
+    check_allocator(allocator)
     allocator = _effective(allocator)
     current = environ.get(_MARKER_VARIABLE, "glibc")
     if current == allocator:
