@@ -1,10 +1,10 @@
 """The mesh's axis names, and how a config's mesh and logical-axis rules map onto them.
 
-Pure functions of the config: training/config_checks.py checks a mesh with them before any
-device exists, training/runtime/sharding.py builds the mesh and places arrays with them.
+Pure functions of the config: `check_mesh` checks a mesh with them before any device exists,
+training/runtime/sharding.py builds the mesh and places arrays with them.
 """
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import flax.linen as nn
 import ml_collections
@@ -58,3 +58,44 @@ def mesh_axes_of(logical_axis: str, rules: LogicalRules) -> tuple[str, ...]:
     if spec is None:
         return ()
     return tuple(spec) if isinstance(spec, tuple) else (spec,)
+
+
+def check_mesh(
+    mesh_config: ml_collections.ConfigDict, num_devices: int, sizes: Mapping[str, Sequence[tuple[str, int]]]
+) -> dict[str, int]:
+    """The mesh's shape (`mesh_shape`), once its rules are well formed and split every size evenly.
+
+    Args:
+        mesh_config: config.mesh.
+        num_devices: the devices the mesh spans.
+        sizes: logical axis -> (subject, size) for each size the model gives it, where `subject`
+            begins the error ("config.model.d_model (512) is").
+
+    Raises:
+        UserInputError: the mesh does not fit the devices, a rule is malformed or names an
+            unknown mesh axis, or a rule splits a size into parts that do not divide it.
+    """
+    shape = mesh_shape(mesh_config, num_devices)
+    rules = mesh_config.rules
+    try:
+        for axis in (BATCH, *sizes):
+            mesh_axes_of(axis, rules)
+    except (TypeError, ValueError):
+        raise UserInputError(
+            f"config.mesh.rules {rules!r} must be pairs (logical axis, mesh axis or tuple of mesh axes or None)."
+        ) from None
+    for name, mesh_axes in logical_rules(rules):
+        unknown = set((mesh_axes,) if isinstance(mesh_axes, str) else mesh_axes or ()) - set(MESH_AXES)
+        if unknown:
+            raise UserInputError(f"config.mesh.rules maps {name!r} to {sorted(unknown)}; mesh axes are {MESH_AXES}.")
+    described = ", ".join(f"{axis}={size}" for axis, size in shape.items())
+    for logical_axis, subjects in sizes.items():
+        mesh_axes = mesh_axes_of(logical_axis, rules)
+        parts = int(np.prod([shape[axis] for axis in mesh_axes]))
+        for subject, size in subjects:
+            if size % parts:
+                raise UserInputError(
+                    f"{subject} not divisible by {parts}, the size of mesh axes {mesh_axes} that config.mesh.rules "
+                    f"split {logical_axis!r} over; change the model or the mesh ({described})."
+                )
+    return shape

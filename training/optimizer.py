@@ -4,6 +4,9 @@ import jax.numpy as jnp
 import ml_collections
 import optax
 
+from common.config_fields import require_choice
+from common.errors import UserInputError
+
 # config.optimizer.schedule: how the warm-up + inverse-square-root learning rate gets its peak.
 SCHEDULES = ("paper", "rsqrt")
 
@@ -29,8 +32,12 @@ def paper_schedule(d_model: int, warmup_steps: int, scale: float = 1.0) -> optax
     scale * (d_model * warmup_steps)^-0.5: 7.0e-4 for Transformer-base (d_model 512, warm-up 4000).
     `scale` is the constant t5x and tensor2tensor multiply it by (1 in the paper).
     """
-    warmup = max(warmup_steps, 1)
-    return rsqrt_schedule(scale * (d_model * warmup) ** -0.5, warmup)
+    return rsqrt_schedule(paper_peak(d_model, warmup_steps, scale), warmup_steps)
+
+
+def paper_peak(d_model: int, warmup_steps: int, scale: float = 1.0) -> float:
+    """The learning rate the paper's schedule reaches at step == warmup_steps."""
+    return scale * (d_model * max(warmup_steps, 1)) ** -0.5
 
 
 def make_schedule(config: ml_collections.ConfigDict, d_model: int) -> optax.Schedule:
@@ -56,3 +63,43 @@ def make_optimizer(
     if config.grad_clip_norm > 0:
         return optax.chain(optax.clip_by_global_norm(config.grad_clip_norm), adam), schedule
     return adam, schedule
+
+
+def check_optimizer(config: ml_collections.ConfigDict, d_model: int) -> None:
+    """Raises UserInputError naming the first field of config.optimizer that cannot work.
+
+    Args:
+        config: config.optimizer.
+        d_model: the model's width, which the 'paper' schedule's peak depends on.
+    """
+    require_choice("optimizer.schedule", config.schedule, SCHEDULES)
+    if not 0.0 <= config.label_smoothing < 1.0:
+        raise UserInputError("config.optimizer.label_smoothing must be in [0, 1).")
+    if config.warmup_steps < 0 or config.grad_clip_norm < 0:
+        raise UserInputError("config.optimizer.warmup_steps and grad_clip_norm must be >= 0.")
+    _check_schedule(config, d_model)
+
+
+def _check_schedule(config: ml_collections.ConfigDict, d_model: int) -> None:
+    """The learning rate of config.schedule is given by its own fields, and only by them."""
+    peak, scale = config.peak_learning_rate, config.learning_rate_scale
+    if config.schedule == "rsqrt":
+        if peak is None or not peak > 0:
+            raise UserInputError(
+                f"config.optimizer.peak_learning_rate is {peak!r}; schedule 'rsqrt' needs a positive peak."
+            )
+        if scale != 1.0:
+            raise UserInputError(
+                f"config.optimizer.learning_rate_scale is {scale!r} but applies to schedule 'paper' only; "
+                "with schedule 'rsqrt', scale config.optimizer.peak_learning_rate instead."
+            )
+        return
+    if not scale > 0:
+        raise UserInputError(f"config.optimizer.learning_rate_scale is {scale!r}; it must be positive.")
+    if peak is not None:
+        paper = paper_peak(d_model, config.warmup_steps, scale)
+        raise UserInputError(
+            f"config.optimizer.peak_learning_rate is {peak!r} but schedule 'paper' takes its peak from "
+            f"config.model.d_model and warmup_steps ({paper:.2e} here): use --config.optimizer.schedule=rsqrt "
+            "for a peak of your own, or config.optimizer.learning_rate_scale to scale the paper's."
+        )

@@ -1,1 +1,1 @@
-"""Runtime: the device mesh, processes of a run, the compilation cache and host memory."""
+"""Runtime: the device mesh, processes of a run, the compilation cache, host and device memory."""

@@ -161,6 +161,24 @@ def with_shardings(abstract_tree: Any, shardings: Any) -> Any:
     return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), abstract_tree, shardings)
 
 
+def check_pmap(shape: dict[str, int]) -> None:
+    """Raises UserInputError where config.step_compilation='pmap' cannot run: it is data parallel, in one process.
+
+    Args:
+        shape: the mesh's axis sizes (`mesh_shape`).
+    """
+    if shape[FSDP_AXIS] > 1 or shape[TENSOR_AXIS] > 1:
+        raise UserInputError(
+            "config.step_compilation='pmap' is data parallel only; set config.mesh.fsdp and config.mesh.tensor to 1 "
+            "or use step_compilation='jit'."
+        )
+    if jax.process_count() > 1:
+        raise UserInputError(
+            f"config.step_compilation='pmap' runs in one process (its devices on one host); this run has "
+            f"{jax.process_count()} processes: use step_compilation='jit', data parallel across all of them by default."
+        )
+
+
 def stack_for_pmap(tree: Any, mesh: Mesh) -> Any:
     """One copy of each array per device of `mesh`, stacked on a new leading axis, as `jax.pmap` takes them."""
     stacked = NamedSharding(mesh, PartitionSpec(mesh.axis_names))
