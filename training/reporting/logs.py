@@ -9,7 +9,7 @@ from absl import logging as absl_logging
 
 from common import io_errors
 
-_PROJECT_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_PROJECT_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # training/reporting/
 
 
 def _is_project_file(pathname: str) -> bool:
