@@ -72,18 +72,21 @@ def _measure(checkout: str, extras: str, scratch: str) -> dict:
     for _ in range(_REPEATS.value):
         seconds, rss_kb, tensorflow = _run([python, "-c", _IMPORT_PROBE], cwd=checkout).split()
         imports.append((float(seconds), int(rss_kb), tensorflow == "True"))
-    packages = json.loads(_run([python, "-m", "pip", "list", "--format=json"]))
+    packages = {
+        p["name"].lower().replace("_", "-") for p in json.loads(_run([python, "-m", "pip", "list", "--format=json"]))
+    }
+    site_packages_bytes = _folder_bytes(site_packages)
     shutil.rmtree(venv)
     return {
         "checkout": checkout,
         "commit": _git(checkout, "rev-parse", "--short", "HEAD"),
         "extras": extras,
         "install_seconds": round(install_seconds, 1),
-        "site_packages_bytes": _folder_bytes(site_packages),
+        "site_packages_bytes": site_packages_bytes,
         "import_train_seconds_median": round(statistics.median(s for s, _, _ in imports), 3),
         "import_train_peak_rss_bytes": statistics.median(kb for _, kb, _ in imports) * 1024,
         "import_train_loads_tensorflow": imports[0][2],
-        "tensorflow_installed": any(p["name"] in ("tensorflow", "tensorflow-cpu") for p in packages),
+        "tensorflow_installed": bool(packages & {"tensorflow", "tensorflow-cpu"}),
         "packages": len(packages),
     }
 
