@@ -2,10 +2,10 @@
 
 XLA:CPU mallocs each step's temporaries (hundreds of MB) and frees them after it; glibc's defaults
 map and unmap every block above 32 MiB, so each step faults all its pages in again. Keeping freed
-memory in the heap, set with `mallopt` in the running process, was as fast as the fastest of the
-allocators measured (tcmalloc) within that run's noise, for a little more peak RSS, and needs no
-restart nor anything set before the process starts: docs/results/host_allocators_2026-11-26.json
-(benchmarks/host_allocators.py).
+memory in the heap, set with `mallopt` in the running process, needs no restart nor anything set
+before the process starts, and beats glibc's defaults and its huge-page tunable; tcmalloc through
+LD_PRELOAD was faster still on a quiet machine (docs/results/host_allocators_fast_group.json,
+benchmarks/host_allocators.py).
 """
 
 import ctypes
