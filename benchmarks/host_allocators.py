@@ -97,7 +97,7 @@ _TCMALLOC = flags.DEFINE_string(
 )
 _JEMALLOC = flags.DEFINE_string("jemalloc", "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2", "jemalloc (libjemalloc2).")
 _OUTPUT = flags.DEFINE_string(
-    "output", "", "The JSON record (default: docs/results/host_allocators_<date>.json in the repository)."
+    "output", "", "The JSON record (default: docs/results/host_allocators.json in the repository)."
 )
 _NOTE = flags.DEFINE_string("note", "", "A note for the record: how quiet the machine was, and why the run.")
 
@@ -308,7 +308,7 @@ def main(argv):
         "allocators": {name: _described(ALLOCATORS[name]) for name in names},
         "workloads": results,
     }
-    output = _OUTPUT.value or os.path.join(REPO_ROOT, "docs", "results", f"host_allocators_{started:%Y-%m-%d}.json")
+    output = _OUTPUT.value or os.path.join(REPO_ROOT, "docs", "results", "host_allocators.json")
     os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
     with open(output, "w", encoding="utf-8") as file:
         json.dump(record, file, indent=1)
