@@ -99,7 +99,7 @@ def main(argv):
         raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
     config = _CONFIG.value
     try:
-        host_memory.keep_freed_buffers()  # Before JAX starts its threads.
+        logging.info("Host memory: %s.", host_memory.set_up())  # Before JAX starts its threads.
         quiet_library_logs()
         # Before anything compiles (connecting several processes does).
         compilation_cache.enable(config.compilation_cache_dir)

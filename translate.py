@@ -110,5 +110,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    host_memory.keep_freed_buffers()  # Before JAX starts its threads.
+    host_memory.set_up()  # Before JAX starts its threads.
     app.run(main)

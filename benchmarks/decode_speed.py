@@ -54,7 +54,7 @@ def _sources(config, workdir: str | None, batch_size: int) -> tuple[np.ndarray, 
 def main(argv):
     del argv
     config = _CONFIG.value
-    host_memory.keep_freed_buffers()  # As train.py runs.
+    host_memory.set_up()  # As train.py runs.
     quiet_library_logs()
     inputs, vocab_size = _sources(config, _WORKDIR.value, _BATCH_SIZE.value)
     model = make_model(config, vocab_size)

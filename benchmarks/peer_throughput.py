@@ -345,7 +345,7 @@ def _exit_with_error(message: str) -> None:
 
 def main(argv):
     del argv
-    host_memory.keep_freed_buffers()  # As train.py runs; before JAX or PyTorch starts.
+    host_memory.set_up()  # As train.py runs; before JAX or PyTorch starts.
     torch = None
     if "torch" in _FRAMEWORKS.value:
         try:

@@ -170,7 +170,7 @@ def _warm_up(runner: dict, num_shapes: int) -> None:
 def main(argv):
     del argv
     config = _CONFIG.value
-    host_memory.keep_freed_buffers()  # As train.py runs.
+    host_memory.set_up()  # As train.py runs.
     compilation_cache.enable("")  # Compile times as on a cold start.
     mesh = sharding.make_mesh(config.mesh)
     dtypes = [compute_dtype(dtype) for dtype in _DTYPES.value or [config.model.dtype]]  # 'auto' named.

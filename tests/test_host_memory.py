@@ -18,6 +18,8 @@ import ctypes, os, resource, sys, threading
 from training.runtime import host_memory
 if sys.argv[1] == "start-up":
     print("set", host_memory.keep_freed_buffers())
+elif sys.argv[1] == "report":
+    print("serving", host_memory.set_up())
 libc = ctypes.CDLL(None)
 libc.malloc.restype = ctypes.c_void_p
 libc.malloc.argtypes = [ctypes.c_size_t]
@@ -56,7 +58,7 @@ needs_glibc = pytest.mark.skipif(
 
 
 def _run_probe(tmp_path, start: str, **environment: str) -> dict[str, str]:
-    """Runs _PROBE (`start`: 'start-up' or 'none') with `environment` in place of glibc's and preload settings."""
+    """Runs _PROBE (`start`: 'start-up', 'report' as entry points start, or 'none') with `environment`."""
     base = {key: value for key, value in os.environ.items() if key not in ("GLIBC_TUNABLES", "LD_PRELOAD")}
     script = tmp_path / "probe.py"
     script.write_text(_PROBE)
@@ -109,3 +111,34 @@ def test_nothing_is_set_without_glibc(monkeypatch, glibc, platform):
     monkeypatch.setattr(sys, "platform", platform)
     monkeypatch.delenv("GLIBC_TUNABLES", raising=False)
     assert host_memory.keep_freed_buffers() is False
+
+
+@pytest.mark.parametrize(
+    "mapped, allocator",
+    [
+        ("7f00-7f10 r-xp 0 08:01 12 /usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4.5.10", "tcmalloc"),
+        ("7f00-7f10 r-xp 0 08:01 12 /usr/lib/x86_64-linux-gnu/libjemalloc.so.2", "jemalloc"),
+        ("7f00-7f10 r-xp 0 08:01 12 /usr/lib/x86_64-linux-gnu/libc.so.6", None),
+    ],
+)
+def test_a_preloaded_allocator_is_found_by_its_mapped_library(tmp_path, mapped, allocator):
+    maps = tmp_path / "maps"
+    maps.write_text(f"5600-5601 r--p 0 08:01 7 /usr/bin/python3.11\n{mapped}\n")
+    assert host_memory.preloaded_allocator(str(maps)) == allocator
+
+
+_TCMALLOC = "/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4"
+
+
+@needs_glibc
+@pytest.mark.skipif(not os.path.exists(_TCMALLOC), reason="needs Debian's libtcmalloc-minimal4")
+def test_a_preloaded_tcmalloc_is_left_in_place(tmp_path):
+    probe = _run_probe(tmp_path, "report", LD_PRELOAD=_TCMALLOC)
+    assert probe["serving"] == "tcmalloc (preloaded)"
+
+
+@needs_glibc
+def test_without_a_preloaded_allocator_start_up_reports_glibc_keeping_freed_buffers(tmp_path):
+    probe = _run_probe(tmp_path, "report")
+    assert probe["serving"].startswith("glibc malloc, keeping freed buffers")
+    assert int(probe["faults"]) < SMALL_PAGES // 100

@@ -1,20 +1,28 @@
-"""How glibc's malloc serves XLA:CPU's per-step buffers: freed buffers kept for reuse, set at start-up.
+"""How the host's allocator serves XLA:CPU's per-step buffers: tcmalloc where preloaded, else glibc's malloc tuned.
 
 XLA:CPU mallocs each step's temporaries (hundreds of MB) and frees them after it; glibc's defaults
-map and unmap every block above 32 MiB, so each step faults all its pages in again. Keeping freed
-memory in the heap, set with `mallopt` in the running process, needs no restart nor anything set
-before the process starts, and beats glibc's defaults and its huge-page tunable; tcmalloc through
-LD_PRELOAD was faster still on a quiet machine (docs/results/host_allocators_fast_group.json,
-benchmarks/host_allocators.py).
+map and unmap every block above 32 MiB, so each step faults all its pages in again. tcmalloc
+(`LD_PRELOAD`, Debian's `libtcmalloc-minimal4`) keeps them and was the fastest host allocator on
+both workloads measured, with less peak memory than glibc's malloc set with `mallopt` to keep freed
+memory, which came next, ahead of glibc's defaults and its huge-page tunable
+(docs/results/host_allocators_fast_group.json, benchmarks/host_allocators.py). A preloaded
+allocator must be in place before the process starts, so it is the user's choice (the README's
+commands); without one, `set_up` tunes glibc's malloc in the running process: no restart, nothing
+set before start-up.
 """
 
 import ctypes
 import ctypes.util
 import os
+import re
 import sys
 
 # mallopt's options (glibc's malloc.h) and their values: one arena, no mmap, never trim (-1).
 _KEEP_FREED = {"M_ARENA_MAX": (-8, 1), "M_MMAP_MAX": (-4, 0), "M_TRIM_THRESHOLD": (-1, -1)}
+
+
+# Allocators that replace malloc when preloaded, by the file name of their library.
+_PRELOADED = re.compile(r"/lib(tcmalloc|jemalloc)[\w.-]*\.so")
 
 
 def _glibc_version() -> tuple[int, ...] | None:
@@ -31,8 +39,8 @@ def keep_freed_buffers() -> bool:
     """Sets glibc's malloc in this process to keep freed memory for reuse; returns whether mallopt took it.
 
     One arena, no `mmap` for large blocks, no trimming of the heap's free top: a buffer freed
-    after a step serves the next step's without faulting its pages in again. Call it in an entry
-    point before JAX starts (its threads then share the one arena). It changes nothing where the
+    after a step serves the next step's without faulting its pages in again. Called before JAX
+    starts (its threads then share the one arena). It changes nothing where the
     C library is not glibc, or where the user set glibc's malloc tunables (GLIBC_TUNABLES
     `glibc.malloc.*`): theirs stand. Under a preloaded allocator (LD_PRELOAD) it is harmless:
     tcmalloc's `mallopt` does nothing, and jemalloc leaves glibc's malloc unused.
@@ -44,3 +52,27 @@ def keep_freed_buffers() -> bool:
     libc = ctypes.CDLL(None)  # The process's own symbols: a preloaded allocator's mallopt where it has one.
     libc.mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
     return all(libc.mallopt(option, value) == 1 for option, value in _KEEP_FREED.values())
+
+
+def preloaded_allocator(maps_path: str = "/proc/self/maps") -> str | None:
+    """'tcmalloc' or 'jemalloc' where its library is mapped into this process (LD_PRELOAD), else None."""
+    try:
+        with open(maps_path) as maps:
+            found = _PRELOADED.search(maps.read())
+    except OSError:  # No /proc (macOS): nothing to find.
+        return None
+    return found.group(1) if found else None
+
+
+def set_up() -> str:
+    """Sets up host memory for XLA:CPU's step buffers; returns what serves them, for the log.
+
+    Call it in an entry point before JAX starts its threads. A preloaded tcmalloc or jemalloc is
+    left as it is; otherwise glibc's malloc keeps freed buffers (`keep_freed_buffers`).
+    """
+    allocator = preloaded_allocator()
+    if allocator:
+        return f"{allocator} (preloaded)"
+    if keep_freed_buffers():
+        return "glibc malloc, keeping freed buffers (faster: LD_PRELOAD=libtcmalloc_minimal.so.4)"
+    return "the C library's malloc as configured"
