@@ -99,15 +99,23 @@ def source() -> dict:
     return {"commit": _git("rev-parse", "HEAD"), "uncommitted_changes": bool(status) if status is not None else None}
 
 
+def command() -> str:
+    """This process's command line as run from the repository's root (`python -m benchmarks.x ...`)."""
+    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    program = ["-m", spec.name] if spec is not None else [os.path.relpath(sys.argv[0], REPO_ROOT)]
+    return shlex.join(["python", *program, *sys.argv[1:]])
+
+
 def new(measurement: str, *, figures: dict, packages: Sequence[str] = DEFAULT_PACKAGES, **fields) -> dict:
     """A record of `measurement` run by this process's command, now, on this machine and software.
 
     `fields` add what the measurement needs beside its figures (a note, its settings, the
-    accelerator it ran on); a `machine` field replaces the host's description.
+    accelerator it ran on); a `machine` field replaces the host's description, and `commit` and
+    `uncommitted_changes` taken with `source()` when the measurement began replace those of now.
     """
     return {
         "measurement": measurement,
-        "command": shlex.join([os.path.basename(sys.executable), *sys.argv]),
+        "command": command(),
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         **source(),
         "machine": fields.pop("machine", None) or machine(),
