@@ -70,19 +70,19 @@ ALLOCATORS = {
 @dataclasses.dataclass(frozen=True)
 class Workload:
     description: str
-    arguments: tuple[str, ...]  # The benchmark script and its flags.
+    arguments: tuple[str, ...]  # Python's arguments: the benchmark module and its flags.
     steps_flag: str  # This benchmark's flag for the steps of a round.
 
 
 WORKLOADS = {
     "quickstart": Workload(
         "the quick-start's packed step and stream (configs/quickstart.py, dtype 'auto'), real target tokens/s",
-        ("benchmarks/train_throughput.py", "--config=configs/quickstart.py", "--batchings=packed"),
+        ("-m", "benchmarks.train_throughput", "--config=configs/quickstart.py", "--batchings=packed"),
         "quickstart_steps",
     ),
     "config_r": Workload(
         "config R's step in bfloat16 (benchmarks/peer_throughput.py, this project's step only), target tokens/s",
-        ("benchmarks/peer_throughput.py", "--variants=bfloat16", "--frameworks=jax"),
+        ("-m", "benchmarks.peer_throughput", "--variants=bfloat16", "--frameworks=jax", "--output=none"),
         "config_r_steps",
     ),
 }
@@ -150,7 +150,7 @@ def _environment(allocator: Allocator) -> dict[str, str]:
 def _command(workload: Workload, workdir: str) -> list[str]:
     steps = flags.FLAGS[workload.steps_flag].value
     command = [sys.executable, *workload.arguments, f"--steps={steps}", "--rounds_from_stdin"]
-    if workload.arguments[0].endswith("train_throughput.py"):
+    if "benchmarks.train_throughput" in workload.arguments:
         command.append(f"--workdir={workdir}")  # Prepared by the first process, read by the others.
     return command
 

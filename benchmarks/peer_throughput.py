@@ -1,7 +1,7 @@
 r"""This project's train step vs PyTorch's `nn.Transformer` on CPU, at config R.
 
   pip install -e '.[benchmark]'   # PyTorch 2.13 (CPU), for this benchmark only
-  python benchmarks/peer_throughput.py --variants=float32,bfloat16,bfloat16-dropout0 --rounds=5 --steps=10
+  python -m benchmarks.peer_throughput --variants=float32,bfloat16,bfloat16-dropout0 --rounds=5 --steps=10
 
 Config R, the model both frameworks train: d_model 256, 4 heads, d_ff 1024, 3 + 3 layers,
 post-LN, a shared 8k vocabulary (embeddings and output layer tied, sinusoidal positions),
@@ -59,6 +59,7 @@ import ml_collections
 import numpy as np
 from absl import app, flags
 
+from benchmarks import records
 from common.special_ids import BOS_ID, EOS_ID
 from configs import default
 from models.build import make_model
@@ -84,6 +85,9 @@ _ROUNDS = flags.DEFINE_integer("rounds", 5, "Timed rounds; each runs every varia
 _STEPS = flags.DEFINE_integer("steps", 10, "Timed steps per variant, framework and round.", lower_bound=1)
 _WARMUP_STEPS = flags.DEFINE_integer(
     "warmup_steps", 2, "Untimed steps before the rounds (the first compiles).", lower_bound=1
+)
+_OUTPUT = flags.DEFINE_string(
+    "output", "", "Record path without suffix (default: docs/results/peer_throughput_<cpu kind>); 'none': no record."
 )
 _ROUNDS_FROM_STDIN = flags.DEFINE_bool(
     "rounds_from_stdin",
@@ -284,10 +288,9 @@ def _measure(
     return _Measurements(first_step_seconds, tokens_per_second, matmul_gflops)
 
 
-def _report(configs: dict[str, ml_collections.ConfigDict], measured: _Measurements, torch_module) -> None:
-    """Prints the setting, the markdown table of medians, compile times and every round's figures."""
+def _figures(configs: dict[str, ml_collections.ConfigDict], measured: _Measurements) -> dict:
+    """Per variant, medians over rounds: both frameworks' tokens/s, their ratio, model GFLOP/s, MFU; and every round."""
     config = next(iter(configs.values()))
-    model = config.model
     batch_size, length = config.per_device_batch_size, config.dataset.max_length
     tokens = batch_size * length
     step_flops = flops.train_step_flops(
@@ -295,43 +298,67 @@ def _report(configs: dict[str, ml_collections.ConfigDict], measured: _Measuremen
     )
     median = {key: statistics.median(values) for key, values in measured.tokens_per_second.items()}
     peak = {dtype: statistics.median(values) for dtype, values in measured.matmul_gflops.items()}
+    variants = {}
+    for name, variant_config in configs.items():
+        ours, theirs = median.get((name, "jax"), math.nan), median.get((name, "torch"), math.nan)
+        gflops = step_flops / (tokens / ours) / 1e9
+        jax_first = measured.first_step_seconds.get((name, "jax"), math.nan)
+        variants[name] = {
+            "tokens_per_second": ours,
+            "torch_tokens_per_second": theirs,
+            "ratio": ours / theirs,
+            "model_gflops_per_second": gflops,
+            "mfu": gflops / peak[variant_config.model.dtype],
+            "compile_seconds": jax_first - tokens / ours,
+            "torch_first_step_seconds": measured.first_step_seconds.get((name, "torch"), math.nan),
+            "round_tokens_per_second": measured.tokens_per_second.get((name, "jax"), []),
+            "torch_round_tokens_per_second": measured.tokens_per_second.get((name, "torch"), []),
+        }
+    return {
+        "step_gflop": step_flops / 1e9,
+        "tokens_per_step": tokens,
+        "matmul_peak_gflops_per_second": peak,
+        "matmul_round_gflops_per_second": measured.matmul_gflops,
+        "variants": variants,
+    }
+
+
+def _setting(config: ml_collections.ConfigDict, torch_module) -> list[str]:
+    """What was measured: the model, batch and the two frameworks."""
+    model = config.model
     encoder_layers, decoder_layers = _num_layers(model)
-    print(
-        f"Config R: d_model {model.d_model}, {model.num_heads} heads, d_ff {model.d_ff}, "
-        f"{encoder_layers}+{decoder_layers} layers, {model.norm_placement}-LN, vocab {config.tokenizer.vocab_size:,}, "
-        f"batch {batch_size} x {length} (no padding), label smoothing {config.optimizer.label_smoothing}, Adam."
-    )
     torch_threads = (
         f"PyTorch {torch_module.__version__} (default threads: {torch_module.get_num_threads()} intra-op, "
         f"{torch_module.get_num_interop_threads()} inter-op)"
         if torch_module
         else "PyTorch not timed"
     )
-    print(f"JAX {jax.__version__} ({jax.default_backend()}), {torch_threads}; {os.cpu_count()} CPUs visible.")
-    print(
-        f"Matmul {_MATMUL_SIZE}^2 in JAX: float32 {peak['float32']:.0f} GFLOP/s, bfloat16 operands -> float32 "
-        f"{peak['bfloat16']:.0f} GFLOP/s. Train step: {step_flops / 1e9:.1f} GFLOP (model FLOPs, training/flops.py)."
-    )
-    rounds = len(next(iter(measured.matmul_gflops.values())))
-    print(f"\nTarget tokens/s, median of {rounds} rounds:\n")
-    print("| variant | this project tok/s | PyTorch tok/s | ratio | JAX GFLOP/s | MFU |")
-    print("|---|---:|---:|---:|---:|---:|")
-    for name, variant_config in configs.items():
-        ours, theirs = median.get((name, "jax"), math.nan), median.get((name, "torch"), math.nan)
-        gflops = step_flops / (tokens / ours) / 1e9
-        mfu = gflops / peak[variant_config.model.dtype]
-        print(f"| {name} | {ours:,.0f} | {theirs:,.0f} | {ours / theirs:.2f} | {gflops:.0f} | {mfu:.0%} |")
+    return [
+        f"Config R: d_model {model.d_model}, {model.num_heads} heads, d_ff {model.d_ff}, "
+        f"{encoder_layers}+{decoder_layers} layers, {model.norm_placement}-LN, vocab {config.tokenizer.vocab_size:,}, "
+        f"batch {config.per_device_batch_size} x {config.dataset.max_length} (no padding), "
+        f"label smoothing {config.optimizer.label_smoothing}, Adam.",
+        f"JAX {jax.__version__} ({jax.default_backend()}), {torch_threads}; {os.cpu_count()} CPUs visible.",
+    ]
 
-    print("\nFirst step, s (JAX: compiling included; compile = first step - a median step):")
-    for name in configs:
-        jax_first, torch_first = (measured.first_step_seconds.get((name, key), math.nan) for key in ("jax", "torch"))
-        compile_seconds = jax_first - tokens / median.get((name, "jax"), math.nan)
-        print(f"  {name}: this project {jax_first:.1f} (compile {compile_seconds:.1f}), PyTorch {torch_first:.1f}")
-    print("\nPer round:")
-    for dtype, values in measured.matmul_gflops.items():
-        print(f"  matmul {dtype} GFLOP/s: {_format_rounds(values)}")
-    for (name, framework), values in measured.tokens_per_second.items():
-        print(f"  {name} {'this project' if framework == 'jax' else 'PyTorch'} tok/s: {_format_rounds(values)}")
+
+def _table(figures: dict) -> list[str]:
+    """The medians as a Markdown table, with the matmul peaks and compile times."""
+    peak = figures["matmul_peak_gflops_per_second"]
+    lines = [
+        f"Matmul {_MATMUL_SIZE}^2 in JAX: float32 {peak['float32']:.0f} GFLOP/s, bfloat16 operands -> float32 "
+        f"{peak['bfloat16']:.0f} GFLOP/s. Train step: {figures['step_gflop']:.1f} GFLOP (model FLOPs, "
+        "training/flops.py).",
+        "",
+        "| variant | this project tok/s | PyTorch tok/s | ratio | JAX GFLOP/s | MFU | compile s |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for name, row in figures["variants"].items():
+        lines.append(
+            f"| {name} | {row['tokens_per_second']:,.0f} | {row['torch_tokens_per_second']:,.0f} | {row['ratio']:.2f} "
+            f"| {row['model_gflops_per_second']:.0f} | {row['mfu']:.0%} | {row['compile_seconds']:.1f} |"
+        )
+    return lines
 
 
 def _format_rounds(values: list[float]) -> str:
@@ -359,8 +386,23 @@ def main(argv):
     compilation_cache.enable("")  # Compile times as on a cold start.
     configs = {name: config_r(*VARIANTS[name]) for name in _VARIANTS.value}
     rounds = sys.stdin if _ROUNDS_FROM_STDIN.value else range(_ROUNDS.value)
+    measured_source = records.source()
     measured = _measure(configs, rounds, _STEPS.value, _WARMUP_STEPS.value, _FRAMEWORKS.value, _ROUNDS_FROM_STDIN.value)
-    _report(configs, measured, torch)
+    figures = _figures(configs, measured)
+    setting, table = _setting(next(iter(configs.values())), torch), _table(figures)
+    print("\n".join([*setting, "", *table]))
+    if _OUTPUT.value != "none":
+        record = records.new(
+            "this project's train step against PyTorch's, config R",
+            figures=figures,
+            packages=(*records.DEFAULT_PACKAGES, "torch"),
+            setting=setting,
+            rounds=len(figures["matmul_round_gflops_per_second"]["float32"]),
+            steps_per_round=_STEPS.value,
+            **measured_source,
+        )
+        path = _OUTPUT.value or os.path.join(records.RESULTS_DIR, f"peer_throughput_{record['machine']['cpu_kind']}")
+        print("wrote", records.write(record, path, [*setting, "", *table]))
 
 
 if __name__ == "__main__":
