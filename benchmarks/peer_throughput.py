@@ -40,8 +40,8 @@ Both frameworks share the process and its malloc, set at start-up as train.py se
 the rounds of several such processes, one per allocator, in turn.
 
 Take figures on a quiet machine: PyTorch's OpenMP threads suffer far more than XLA's pool from
-other work on the same cores (measured on 2 cores under a load of ~9: a PyTorch step 3x slower
-with its default 2 threads than with 1).
+other work on the same cores (under load, a PyTorch step with its default threads can run
+several times slower than with one).
 """
 
 import contextlib

@@ -136,10 +136,10 @@ def _dispatch_step(runner: dict, index: int) -> tuple[dict, int, tuple]:
 def _run_steps(runner: dict, num_steps: int) -> list[tuple[float, float, int, tuple]]:
     """Runs `num_steps` steps; each gives (seconds, real target tokens, target positions, batch shape).
 
-    Step i + 1 is dispatched before waiting for step i (the module docstring). Waiting for each step
-    before taking the next batch put the host's batch placement and dispatch, 5-9 ms, between steps
-    of ~300 ms, and the stream's thread, which starts a batch as one is taken, made placing take
-    3.9 ms instead of 1.2 (quick-start on a 2-core AMD EPYC, 2026-11-24).
+    Step i + 1 is dispatched before waiting for step i (the module docstring), as train.py's loop
+    does. Waiting for each step before taking the next batch would put the host's batch placement
+    and dispatch between steps, and the stream's thread, which starts a batch as one is taken,
+    would slow the placing.
     """
     results = []
     in_flight = None  # The step dispatched last.

@@ -104,11 +104,11 @@ def get_config() -> ml_collections.ConfigDict:
     # several pairs share a row (segment ids keep them apart); without, one pair per row, padded.
     dataset.packing = True
     # Pairs per row the packer keeps in view and picks from, longest first, each into the row it
-    # fills best (input_pipeline/row_packing.py): 8 fills ~99.5% of the quick-start's target
-    # positions. 0: first fit, each pair as it comes (~97.5%).
+    # fills best (input_pipeline/row_packing.py): 8 leaves nearly no padding, and a larger view
+    # fills no more. 0: first fit, each pair as it comes, as grain packs (more padding).
     dataset.packing_lookahead = 8
-    # 0: one background thread of the training process reads, tokenizes and packs (~16k pairs/s
-    # on one core of the 2-core CPU, quick-start rows); N > 0: N worker processes build the
+    # 0: one background thread of the training process reads, tokenizes and packs (for the
+    # quick-start's rows a small share of one core); N > 0: N worker processes build the
     # batches, where cores are free and one thread cannot keep up. A saved data position is
     # only valid for the same number: changing it restarts the stream (streaming.TrainStream).
     dataset.num_workers = 0

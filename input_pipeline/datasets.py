@@ -96,7 +96,7 @@ def records(builder: tfds.core.DatasetBuilder, split: str) -> Sequence[dict[str,
     """`split` as a random-access source: len() and [i], record i a {feature: value} dict (text as UTF-8 bytes).
 
     Opens the split's ArrayRecord files; reads nothing until indexed. A prepared split reads
-    through `ArrayRecordSource` (one record in microseconds, not TFDS's ~55 ms a read call; a
+    through `ArrayRecordSource` (one record in microseconds, not TFDS's milliseconds a read call; a
     missing or damaged shard is an error naming it); what TFDS gives for a dataset without files
     (`tfds.testing.mock_data`) is used as it is.
     """

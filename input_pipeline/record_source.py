@@ -1,16 +1,16 @@
 """A prepared TFDS split as a random-access source that reads one record in microseconds.
 
 TFDS's own `as_data_source` reads through `ArrayRecordReader.read(indices)`, which
-costs a fixed ~55 ms a call on a 4.5M-record file (measured on the 2-core machine of
-the README: 57 ms for one record, 115 ms for 2,000), so reading shuffled records one
-at a time, as a grain pipeline does, would take minutes per batch. `read(i, i + 1)`,
-a one-record range, costs 7-90 µs. This source uses that, and decodes each record
-as the dataset's own features do, so record i is what `as_data_source(split)[i]` is.
-Records whose features are all text (translation data, the local labelled-text files) are
-decoded by protobuf's parser alone, ~7 µs a record where the features' own decoding takes
-~75 µs (both measured on a 2-core AMD EPYC with AVX2, 2026-11-24): at ~270 records a
-training batch, that is CPU the train step would otherwise share. `encode_text_example` writes
-such records (the local parallel-text builder), ~4 µs a record against ~31 µs through the features.
+costs a fixed tens of milliseconds a call on a file of millions of records, however few
+records it reads, so reading shuffled records one at a time, as a grain pipeline does,
+would take minutes per batch. `read(i, i + 1)`, a one-record range, costs microseconds.
+This source uses that, and decodes each record as the dataset's own features do, so
+record i is what `as_data_source(split)[i]` is. Records whose features are all text
+(translation data, the local labelled-text files) are decoded by protobuf's parser alone,
+an order of magnitude faster than the features' own decoding: with hundreds of records a
+training batch, that is CPU the train step would otherwise share. `encode_text_example`
+writes such records (the local parallel-text builder), likewise several times faster than
+the features' serializer.
 """
 
 import bisect

@@ -54,8 +54,7 @@ Batch = dict[str, np.ndarray]
 _PREFETCH_BATCHES = 2
 # Records read and tokenized in one call (about one quick-start batch of pairs). In-process, the
 # whole pipeline runs in the one prefetch thread: map threads would only contend for the GIL and
-# the cores (quick-start batches, on the faster 2-core machine of 2026-11-23: 16-20 ms of CPU each in one
-# thread, 28 ms with two map threads).
+# the cores (two map threads cost more CPU a batch than one).
 CHUNK_RECORDS = 256
 # The order a position indexes: 2 shuffles with the hashed seed (`process_record_indices`). A position saved
 # for another order does not fit.
@@ -69,8 +68,7 @@ class ReadAndTokenizeChunk(grain.transforms.Map):
     SentencePiece ids followed by <eos>.
 
     It reads the records itself: read through grain's source, each record would pay grain's per-element
-    bookkeeping (statistics, metrics), ~35 µs, a quarter of the quick-start stream's CPU (38 against 29 ms
-    a batch, measured on a 2-core AMD EPYC with AVX2, 2026-11-24). Picklable for worker processes: each
+    bookkeeping (statistics, metrics), a large share of the stream's CPU. Picklable for worker processes: each
     loads the tokenizer from `tokenizer_path` at its first chunk.
     """
 
@@ -93,9 +91,8 @@ class ReadAndTokenizeChunk(grain.transforms.Map):
 
     def _encode(self, sentences: list[str]) -> list[list[int]]:
         # All of a side's sentences in one call, in this thread (num_threads=1; by default encode() of a
-        # list starts threads, 15x slower for a pair), as lists: 0.61 against 0.86 ms of CPU for a
-        # quick-start batch's 66 pairs encoded one sentence a call into NumPy arrays (15 interleaved
-        # repeats, 2-core AMD EPYC with AVX-512, 2026-11-25).
+        # list starts threads, far slower for a pair), as lists: less CPU than one sentence a call into
+        # NumPy arrays.
         ids = self._tokenizer.encode(sentences, num_threads=1)
         for sentence in ids:
             sentence.append(EOS_ID)
@@ -122,9 +119,8 @@ class ShareOrder(grain.MapDataset):
     """Index i -> the record that a share reads i-th: `grain.MapDataset.range(num_records).shuffle(seed)
     [share_index::share_count].repeat()`, the order that saved positions index, computed directly.
 
-    grain's chain pays its per-element bookkeeping in each of its four steps: 0.66 ms of CPU for a
-    quick-start batch's 66 records, against 0.29 ms here (60 chunks of 256, 7 interleaved repeats,
-    2-core AMD EPYC with AVX-512, 2026-11-25).
+    grain's chain pays its per-element bookkeeping in each of its four steps: computed directly, the
+    order costs less than half of that CPU.
     """
 
     def __init__(self, num_records: int, shuffle_seed: int, share_index: int, share_count: int):

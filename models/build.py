@@ -28,8 +28,8 @@ def compute_dtype(requested: str, cpuinfo_path: str = "/proc/cpuinfo") -> str:
     'auto' is bfloat16 on TPUs, on NVIDIA GPUs from Ampere on (compute capability 8.0: bf16 tensor
     cores) and on CPUs with bf16 matmul instructions (AVX512-BF16, AMX, Arm's BF16); float32 on
     older GPUs and other CPUs, where bf16 matmuls are emulated, more slowly than float32 ones (on
-    a 2-core AMD EPYC with AVX2 only, 2026-11-24: a quick-start step on synthetic packed rows took
-    2.95 s in bfloat16 and 2.13 s in float32; the whole quick-start 32 min 45 s and 28 min 47 s).
+    a CPU without bf16 matmul instructions the quick-start's step ran markedly slower in bfloat16
+    than in float32).
     """
     if requested != "auto":
         return requested

@@ -105,8 +105,8 @@ def test_shuffle_covers_every_record_once_per_epoch_and_differs_per_epoch():
 
 
 # Each process's first 20 record indices of 51 records over 3 processes, seed 3, as streams read them
-# since the seed was hashed (recorded from the code of commit 422f9c4, which shuffled grain's source
-# of the records): a position indexes this order, so a resumed run depends on it staying the same.
+# since the seed was hashed (SHUFFLE_VERSION 2; recorded from the code that shuffled grain's source of
+# the records): a position indexes this order, so a resumed run depends on it staying the same.
 SHARES_OF_51_RECORDS = (
     [19, 35, 32, 23, 11, 44, 13, 29, 8, 46, 40, 24, 9, 34, 1, 38, 48, 5, 39, 48],
     [3, 41, 30, 43, 45, 16, 50, 26, 25, 22, 39, 4, 49, 7, 6, 0, 20, 44, 21, 0],

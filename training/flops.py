@@ -90,7 +90,7 @@ def measured_matmul_peak(dtype: str, size: int = 2048, repeats: int = 10) -> flo
     """FLOP/s of a [size, size] x [size, size] matmul on the default device, the best of `repeats`.
 
     The best, not the median: a peak, on shared machines where a neighbour's load comes and goes
-    (on a 2-core VM, two medians of 5 float32 matmuls in one process read 166 and 78 GFLOP/s).
+    (there a median can read half the peak or less, and an MFU above 100%).
 
     bfloat16 operands are multiplied into float32, as the model's matmuls are
     (models/precision.py); XLA:CPU's fast bf16 kernels need that.

@@ -9,11 +9,10 @@ pre-LN; 3 + 3 layers, dropout 0.1 and label smoothing 0.1, the base the rows are
 trained for 600 steps of 32 packed rows of 64 subwords (~2k target positions a batch),
 validated every 100 steps (loss and perplexity on the whole validation split; no BLEU check)
 and evaluated on the test split with greedy decoding. Pre-LN rather than the paper's
-post-LN: at 500 steps, in probe runs on the 2-core AMD EPYC, the post-LN model reached test
-BLEU 7.91 and the pre-LN one 11.62, so pre-LN leaves more room for the variants' differences
-to show; row (F) trains the paper's post-LN. Measured (2026-11-23, quiet, seed 0, before the
-stream's shuffle seed was hashed, so in another data order than a run now sees): the base
-run takes 5 min 4 s from an empty workdir and reaches test BLEU 14.32 (chrF 39.8).
+post-LN: at this length post-LN trains slower (probe runs at 500 steps were several BLEU
+behind), so pre-LN leaves more room for the variants' differences to show; row (F) trains the
+paper's post-LN. A base run takes minutes on two CPU cores; the sweep's results are in
+docs/ablations.md.
 
 Each variant changes what the paper's row changes, scaled to this base: the paper's
 base has 6 layers, d_model 512 and 8 heads; here 3 layers, d_model 256 and 4 heads,
@@ -22,9 +21,8 @@ N=1. `Variant.paper` names the row and gives its numbers (newstest2013, perplexi
 wordpiece, BLEU, parameters in millions).
 
 The variants are in the order a partial sweep is most informative in: the base,
-then one variant of each row, then the rest. `model.key_dim`, 'relative' and
-'rotary' positions come with the relative/rotary model change: without it, those
-variants stop with one line saying the field or value is unknown, and the others run.
+then one variant of each row, then the rest. A variant that sets a field this checkout's config
+lacks stops with one line saying so, and the others run.
 """
 
 import ml_collections
@@ -34,7 +32,7 @@ from configs.sweeps import Paper, Variant, config_for
 
 
 def base_config() -> ml_collections.ConfigDict:
-    """The sweep's base: the quick-start's model with 3 + 3 layers and dropout (pre-LN), ~5 minutes a run."""
+    """The sweep's base: the quick-start's model with 3 + 3 layers and dropout (pre-LN), minutes a run on a CPU."""
     config = quickstart.get_config()
     config.model.norm_placement = "pre"  # Row (F) trains the paper's post-LN.
     # The Table 3 base as its runs were trained (the quick-start now trains 2 + 2 layers without dropout).
@@ -42,11 +40,10 @@ def base_config() -> ml_collections.ConfigDict:
     config.model.dropout_rate = 0.1
     config.num_train_steps = 600
     config.per_device_batch_size = 32  # 32 rows x 64 = 2,048 target positions a batch, ~97% real.
-    # First fit, as the README's Table 3 runs were trained: a sweep under way keeps one packing.
+    # First fit, as docs/ablations.md's runs were trained: a sweep under way keeps one packing.
     config.dataset.packing_lookahead = 0
-    # bfloat16 as the README's runs (not the quick-start's 'auto'): on a CPU without bf16 matmul
-    # instructions 'auto' trains float32, faster (the quick-start: 29 against 33 minutes); use it
-    # for a new sweep's root.
+    # bfloat16 as docs/ablations.md's runs (not the quick-start's 'auto'): on a CPU without bf16
+    # matmul instructions 'auto' trains float32, which is faster there; use it for a new sweep's root.
     config.model.dtype = "bfloat16"
     config.optimizer.peak_learning_rate = 1e-3
     config.optimizer.warmup_steps = 200

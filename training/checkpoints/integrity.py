@@ -71,7 +71,7 @@ def _leaf_summary(x: jax.Array) -> tuple[jax.Array, jax.Array]:
     """[2] uint32 fingerprint and [] bool 'finite' of one leaf.
 
     Compiled per leaf shape, dtype and sharding: a model repeats a few shapes across its layers,
-    and one program over all leaves of a large state took ~20 s to compile on a CPU.
+    and one program over all leaves of a large state is slow to compile.
     """
     bits = _bits(x)
     index = _flat_index(bits.shape)

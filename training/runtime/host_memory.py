@@ -7,7 +7,7 @@ both workloads measured, with less peak memory than glibc's malloc set with `mal
 memory, which came next, ahead of glibc's defaults and its huge-page tunable
 (docs/results/host_allocators_fast_group.json, benchmarks/host_allocators.py). A preloaded
 allocator must be in place before the process starts, so it is the user's choice (the README's
-commands); without one, `set_up` tunes glibc's malloc in the running process: no restart, nothing
+main command, docs/speed.md); without one, `set_up` tunes glibc's malloc in the running process: no restart, nothing
 set before start-up.
 """
 
