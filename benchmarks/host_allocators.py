@@ -1,6 +1,6 @@
 r"""Host allocators compared in one run: the train step's tokens/s and each process's peak RSS.
 
-  python benchmarks/host_allocators.py --rounds=8 --note='a quiet machine'
+  python -m benchmarks.host_allocators --rounds=8 --note='a quiet machine'
 
 XLA:CPU mallocs each step's temporaries anew (training/runtime/host_memory.py), so how the C library's
 malloc serves them sets part of a CPU step's time. An allocator is chosen per process, so each
@@ -26,15 +26,12 @@ memory back to the kernel on a timer (jemalloc's decay) may fault it in again af
 Reported per workload and allocator: the median over rounds of its tokens/s, their range, the
 median's ratio to the fastest allocator's, the median over rounds of each round's ratio to the
 fastest's (free of the machine's slower drifts), and the process's peak RSS (ru_maxrss, compiling
-included). Written with the command, the machine and the versions as JSON to `--output`.
+included). Written as a record (benchmarks/records.py) to `--output`.
 """
 
 import dataclasses
-import datetime
-import importlib.metadata
 import json
 import os
-import platform
 import shlex
 import statistics
 import subprocess
@@ -44,7 +41,9 @@ import time
 
 from absl import app, flags
 
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from benchmarks import records
+
+REPO_ROOT = records.REPO_ROOT
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,9 +95,7 @@ _TCMALLOC = flags.DEFINE_string(
     "tcmalloc", "/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4", "tcmalloc (Debian: libtcmalloc-minimal4)."
 )
 _JEMALLOC = flags.DEFINE_string("jemalloc", "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2", "jemalloc (libjemalloc2).")
-_OUTPUT = flags.DEFINE_string(
-    "output", "", "The JSON record (default: docs/results/host_allocators.json in the repository)."
-)
+_OUTPUT = flags.DEFINE_string("output", "", "The record's path without suffix (default: docs/results/host_allocators).")
 _NOTE = flags.DEFINE_string("note", "", "A note for the record: how quiet the machine was, and why the run.")
 
 
@@ -219,44 +216,23 @@ def _described(allocator: Allocator) -> dict:
     return described
 
 
-def _machine() -> dict:
-    info = {}
-    with open("/proc/cpuinfo", encoding="utf-8") as cpuinfo:
-        for line in cpuinfo:
-            key, _, value = line.partition(":")
-            if not line.strip():
-                break  # The first processor's lines only.
-            info[key.strip()] = value.strip()
+def _allocator_versions() -> dict:
     return {
-        "cpu_model": info.get("model name"),
-        "cpu_family_model": f"{info.get('cpu family')}/{info.get('model')}",
-        "cpu_flags": info.get("flags", "").split(),
-        "cores": os.cpu_count(),
-        "kernel": platform.release(),
-        "transparent_hugepage": _output("cat", "/sys/kernel/mm/transparent_hugepage/enabled"),
-    }
-
-
-def _versions() -> dict:
-    return {
-        "python": platform.python_version(),
-        "jax": importlib.metadata.version("jax"),
-        "jaxlib": importlib.metadata.version("jaxlib"),
         "glibc": os.confstr("CS_GNU_LIBC_VERSION"),
         "tcmalloc": _debian_package(_TCMALLOC.value),
         "jemalloc": _debian_package(_JEMALLOC.value),
     }
 
 
-def _print_table(results: dict, rounds: int) -> None:
+def _table(results: dict, rounds: int) -> list[str]:
     names = list(next(iter(results.values()))["allocators"])
-    print(
-        f"\nTarget tokens/s, median of {rounds} rounds (range); x fastest: the medians' ratio (the median of "
-        "the rounds' ratios); peak RSS of the process.\n"
-    )
-    header = "| allocator |" + "".join(f" {workload}: tokens/s | x fastest | peak RSS |" for workload in results)
-    print(header)
-    print("|---|" + "---:|---:|---:|" * len(results))
+    lines = [
+        f"Target tokens/s, median of {rounds} rounds (range); x fastest: the medians' ratio (the median of "
+        "the rounds' ratios); peak RSS of the process.",
+        "",
+        "| allocator |" + "".join(f" {workload}: tokens/s | x fastest | peak RSS |" for workload in results),
+        "|---|" + "---:|---:|---:|" * len(results),
+    ]
     for name in names:
         row = f"| {name} |"
         for workload in results.values():
@@ -266,7 +242,8 @@ def _print_table(results: dict, rounds: int) -> None:
                 f" {f['tokens_per_second']:,.0f} ({low:,.0f}-{high:,.0f}) | {f['ratio_to_fastest']:.3f} "
                 f"({f['within_round_ratio_to_fastest']:.3f}) | {f['peak_rss_bytes'] / 1e9:.2f} GB |"
             )
-        print(row)
+        lines.append(row)
+    return lines
 
 
 def main(argv):
@@ -281,7 +258,7 @@ def main(argv):
             print(f"Skipping {name}: no {flags.FLAGS[preload].value} (--{preload}).")
         else:
             names.append(name)
-    started = datetime.datetime.now(datetime.timezone.utc)
+    measured_source = records.source()
     start, load_at_start = time.monotonic(), os.getloadavg()
     results = {}
     with tempfile.TemporaryDirectory() as scratch:
@@ -293,28 +270,20 @@ def main(argv):
                 "arguments": list(workload.arguments),
                 "steps_per_round": flags.FLAGS[workload.steps_flag].value,
             } | _measure(workload, names, scratch)
-    record = {
-        "benchmark": "benchmarks/host_allocators.py",
-        "command": shlex.join(["python", *sys.argv]),
-        "date": started.isoformat(timespec="seconds"),
-        "git_commit": _output("git", "rev-parse", "HEAD"),
-        "git_uncommitted_changes": bool(_output("git", "status", "--porcelain")),
-        "note": _NOTE.value,
-        "wall_seconds": round(time.monotonic() - start),
-        "load_average_at_start_and_end": [load_at_start, os.getloadavg()],
-        "machine": _machine(),
-        "versions": _versions(),
-        "rounds": _ROUNDS.value,
-        "allocators": {name: _described(ALLOCATORS[name]) for name in names},
-        "workloads": results,
-    }
-    output = _OUTPUT.value or os.path.join(REPO_ROOT, "docs", "results", "host_allocators.json")
-    os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
-    with open(output, "w", encoding="utf-8") as file:
-        json.dump(record, file, indent=1)
-        file.write("\n")
-    _print_table(results, _ROUNDS.value)
-    print(f"\nWrote {output} ({record['wall_seconds']} s).")
+    record = records.new(
+        "host allocators: the step's tokens/s and peak RSS under each",
+        figures=results,
+        **measured_source,
+        note=_NOTE.value,
+        wall_seconds=round(time.monotonic() - start),
+        load_average=[load_at_start, os.getloadavg()],
+        allocator_versions=_allocator_versions(),
+        rounds=_ROUNDS.value,
+        allocators={name: _described(ALLOCATORS[name]) for name in names},
+    )
+    table = _table(results, _ROUNDS.value)
+    print("\n".join(table))
+    print("wrote", records.write(record, _OUTPUT.value or os.path.join(records.RESULTS_DIR, "host_allocators"), table))
 
 
 if __name__ == "__main__":

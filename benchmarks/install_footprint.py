@@ -3,18 +3,16 @@ r"""What installing the project costs: site-packages size, and `import train`'s 
 Creates a fresh virtual environment per (checkout, extras), installs the checkout into it as the
 README does (`pip install -e .`), then measures `python -c "import train"` in a new process
 (wall time, median of --repeats, and peak RSS) and the size of site-packages. Writes a record
-to docs/results/install_footprint.json (and a short .md beside it).
+(benchmarks/records.py), by default docs/results/install_footprint.
 
-  python benchmarks/install_footprint.py --checkouts=.,/tmp/base --extras=,tensorflow
+  python -m benchmarks.install_footprint --checkouts=.,/tmp/base --extras=,tensorflow
 
 A checkout may be another worktree or clone (e.g. the commit before a change), so that the
 "before" and "after" rows come from one run on one machine.
 """
 
-import datetime
 import json
 import os
-import platform
 import shutil
 import statistics
 import subprocess
@@ -23,6 +21,8 @@ import tempfile
 import time
 
 from absl import app, flags
+
+from benchmarks import records
 
 _CHECKOUTS = flags.DEFINE_list("checkouts", ["."], "Checkouts to install, each into its own environment.")
 _EXTRAS = flags.DEFINE_list("extras", [""], "Extras to install with each checkout ('' for none).")
@@ -91,47 +91,25 @@ def _measure(checkout: str, extras: str, scratch: str) -> dict:
     }
 
 
-def _cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
-            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    except (OSError, StopIteration):
-        return platform.processor()
-
-
 def main(argv):
     del argv
+    measured_source = records.source()
     with tempfile.TemporaryDirectory() as scratch:
         rows = [_measure(c, e, scratch) for c in _CHECKOUTS.value for e in _EXTRAS.value]
-    record = {
-        "measurement": "install footprint",
-        "command": " ".join([os.path.basename(sys.executable), *sys.argv]),
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "commit": _git(".", "rev-parse", "--short", "HEAD"),
-        "machine": {"cpu": _cpu_model(), "cores": os.cpu_count(), "python": platform.python_version()},
-        "rows": rows,
-    }
-    os.makedirs(os.path.dirname(_OUT.value) or ".", exist_ok=True)
-    with open(_OUT.value + ".json", "w", encoding="utf-8") as f:
-        json.dump(record, f, indent=2)
-    lines = [
-        f"# Install footprint ({record['machine']['cpu']}, {record['machine']['cores']} cores)",
-        "",
-        f"`{record['command']}`",
-        "",
+    record = records.new("install footprint", figures={"rows": rows}, **measured_source)
+    table = [
         "| checkout | extras | site-packages | TensorFlow installed | `import train` s (median) | peak RSS |",
         "|---|---|---|---|---|---|",
     ]
     for row in rows:
-        lines.append(
+        table.append(
             f"| {row['commit'] or row['checkout']} | {row['extras'] or '-'} "
             f"| {row['site_packages_bytes'] / 1e9:.2f} GB "
             f"| {'yes' if row['tensorflow_installed'] else 'no'} | {row['import_train_seconds_median']:.2f} "
             f"| {row['import_train_peak_rss_bytes'] / 1e6:.0f} MB |"
         )
-    with open(_OUT.value + ".md", "w", encoding="utf-8") as f:
-        f.write("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    print("\n".join(table))
+    print("wrote", records.write(record, _OUT.value, table))
 
 
 if __name__ == "__main__":
