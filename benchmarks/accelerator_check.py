@@ -1,0 +1,662 @@
+r"""The train step on one accelerator: speed, memory, attention kernels, matmul dtypes and learning.
+
+  PYTHONPATH=. python benchmarks/accelerator_check.py --sizes=base,big   # a GPU: ~3-4 minutes
+  PYTHONPATH=. python benchmarks/accelerator_check.py --sizes=tiny       # the same path on a CPU: ~1 minute
+
+Needs only jax, flax, optax, orbax, absl, ml_collections and NumPy (no TensorFlow, grain or
+SentencePiece: the batches are synthetic, `input_pipeline/synthetic.py`), so it runs on a
+machine lent without the data stack; docs/accelerator_check.md says how to carry the wheels
+there. The step is the one train.py compiles (`make_model`, `make_optimizer`,
+`compile_train_step` over a 1-device mesh, the translation loss) in bfloat16, on packed rows
+of a copy task (target = source). Sizes: 'base' (configs/default.py, Transformer-base),
+'big' (Transformer-big: d_model 1024, d_ff 4096, 16 heads, dropout 0.3, the paper's Table 3),
+'tiny' (configs/tiny.py's model, for CPUs and the test).
+
+Sections, per size, in this order (the cheapest and most needed first, so that a run stopped
+at its time limit keeps them):
+
+- step: compile time, then the median of `--steps` steps, each timed from dispatch to its
+  metrics being on the host (one step at a time, on one placed batch); real target tokens/s;
+  MFU (training/flops.py's model FLOPs over the device's dense bf16 peak); the compiled step's
+  memory (arguments + outputs - donated + temporaries) and the device's peak bytes in use so
+  far in the process (None on CPU).
+- dtypes: every dot_general of the step's StableHLO, counted by (lhs, rhs -> result) dtypes;
+  models/precision.py's policy is bf16 x bf16 -> f32 for every product forward and backward.
+  Others are listed with the source location JAX gave them. Fused attention kernels are custom
+  calls, counted apart.
+- copy: `--copy_steps` steps from fresh parameters on fresh copy batches, learning rate warming
+  up over COPY_WARMUP_STEPS to the paper's peak for the size; PASS if the mean target NLL of
+  the last 10 steps is under COPY_PASS_FRACTION x log(symbols) (a model blind to the source
+  cannot beat log(symbols): `synthetic.blind_nll`).
+- attention: the loss and gradient (forward and backward, no update) with cuDNN's fused
+  attention and with XLA's (`jax.nn.dot_product_attention`), same parameters, batch and
+  dropout key; on a CPU, where cuDNN does not exist, the project's explicit formula and XLA's.
+  Each one's median time, and how far they differ against bfloat16's unit roundoff
+  u = 2^-8 (8 significant bits): the two round in different places (a fused kernel keeps its
+  own running softmax), so differences of a few u are rounding, while a wrong mask or scale
+  differs by O(1). Bars: loss within u, gradient norm within 2u, and the gradients' difference
+  (L2) within 8u of the gradient's norm.
+- max_batch: the largest batch per device: the compiled step's memory at the step's rows and
+  at twice as many (compile only) is fitted as fixed + per-row bytes, the rows that fit in
+  92% of the device's memory limit predicted (a multiple of 8), then compiled and run there
+  (3 steps, the median of the last 2), halving on RESOURCE_EXHAUSTED. On a CPU only with
+  `--memory_limit_mib` (a CPU has no device memory limit).
+
+A section that fails records its error and the others go on. The record (JSON: the command,
+devices, versions, CPU, git commit, every figure) and a Markdown table beside it are written
+again after every section, so a run killed at its time limit keeps what it measured.
+"""
+
+import dataclasses
+import datetime
+import functools
+import importlib
+import importlib.metadata
+import json
+import os
+import platform
+import re
+import statistics
+import subprocess
+import sys
+import time
+import traceback
+
+import jax
+import ml_collections
+import numpy as np
+from absl import app, flags
+
+from configs import default, tiny
+from input_pipeline import synthetic
+from models.build import make_model
+from models.packing import BATCH_KEYS
+from training import flops
+from training.optimizer import make_optimizer, paper_peak
+from training.runtime import sharding
+from training.state import create_train_state
+from training.steps import compile_train_step, translation_loss
+
+SECTIONS = ("step", "dtypes", "copy", "attention", "max_batch")
+_SIZES = flags.DEFINE_list("sizes", ["base", "big"], "Model sizes to check, in turn: tiny, base, big.")
+_SECTIONS = flags.DEFINE_list("sections", list(SECTIONS), "Sections to run (the module docstring).")
+_STEPS = flags.DEFINE_integer("steps", 20, "Timed steps of the step and attention sections (after warm-up).")
+_COPY_STEPS = flags.DEFINE_integer("copy_steps", 300, "Steps of the copy task.")
+_ROWS = flags.DEFINE_integer("rows", 0, "Rows per batch (0: the size's own; base and big ~25k target positions).")
+_ATTENTION = flags.DEFINE_list(
+    "attention", [], "The two attention implementations to compare (default: cudnn,xla on a GPU, else explicit,xla)."
+)
+_MEMORY_LIMIT_MIB = flags.DEFINE_integer(
+    "memory_limit_mib", 0, "Memory the max_batch search fills (0: the device's bytes_limit; a CPU has none)."
+)
+_OUTPUT = flags.DEFINE_string(
+    "output", "", "Record path (default docs/results/accelerator_check_<sizes>_<platform>.json); a .md beside it."
+)
+
+BF16_UNIT_ROUNDOFF = 2.0**-8
+# The attention section's bars, in bfloat16 unit roundoffs (the module docstring).
+BARS = {"loss": 1 * BF16_UNIT_ROUNDOFF, "grad_norm": 2 * BF16_UNIT_ROUNDOFF, "grad_diff": 8 * BF16_UNIT_ROUNDOFF}
+COPY_WARMUP_STEPS = 100
+COPY_PASS_FRACTION = 0.25
+COPY_LAST_STEPS = 10  # The copy task's final NLL: their mean, as one step's is noisy.
+MEMORY_MARGIN = 0.92  # Of the limit: room for what the compiled step's figures leave out (allocator slack).
+POLICY_DOT = "bf16 x bf16 -> f32"
+
+
+@dataclasses.dataclass(frozen=True)
+class Size:
+    """A model size: its config, batch shape and copy task."""
+
+    name: str
+    config: ml_collections.ConfigDict
+    rows: int  # Per device, of `length` positions.
+    length: int
+    num_symbols: int  # Of the copy task.
+    min_pair: int  # A copy pair's length range, <eos> included.
+    max_pair: int
+
+
+def make_size(name: str, rows: int = 0) -> Size:
+    """Size `name` (the module docstring) in bfloat16, warming up fast for the copy task; `rows` > 0 overrides."""
+    if name == "tiny":
+        config = tiny.get_config()
+        # One layer of width 32 learns to copy in 300 steps only at a high rate (at 1e-3 or 5e-3 it learns the
+        # symbols' frequencies alone).
+        config.optimizer.peak_learning_rate, config.optimizer.warmup_steps = 1e-2, 30
+        size = Size(name, config, rows=16, length=64, num_symbols=64, min_pair=4, max_pair=16)
+    elif name in ("base", "big"):
+        config = default.get_config()
+        if name == "big":
+            config.model.d_model, config.model.d_ff, config.model.num_heads = 1024, 4096, 16
+            config.model.dropout_rate = 0.3
+        # The paper's peak learning rate for this width (at 4000 warm-up steps), reached after COPY_WARMUP_STEPS.
+        config.optimizer.schedule = "rsqrt"
+        config.optimizer.peak_learning_rate = paper_peak(config.model.d_model, config.optimizer.warmup_steps)
+        config.optimizer.warmup_steps = COPY_WARMUP_STEPS
+        # 96 rows x 256 = 24.6k target positions on one device, the paper's ~25k tokens a batch.
+        size = Size(name, config, rows=96, length=256, num_symbols=512, min_pair=8, max_pair=64)
+    else:
+        raise app.UsageError(f"--sizes: unknown size {name!r}; choose tiny, base or big.")
+    config.model.dtype = "bfloat16"
+    config.dataset.max_length = size.length
+    return dataclasses.replace(size, rows=rows or size.rows)
+
+
+class Check:
+    """One size's model, optimizer and train step (compiled per row count), and the state it runs on."""
+
+    def __init__(self, size: Size):
+        self.size = size
+        config = self.config = size.config
+        self.mesh = sharding.make_mesh(config.mesh, devices=jax.devices()[:1])
+        self.model = make_model(config, config.tokenizer.vocab_size)
+        self.tx, schedule = make_optimizer(config.optimizer, d_model=config.model.d_model)
+        boxed = jax.eval_shape(lambda: create_train_state(self.model, self.tx, config.seed, boxed=True))
+        self.shardings = sharding.shardings_from_boxes(boxed, self.mesh, config.mesh.rules)
+        self.loss_fn = functools.partial(
+            translation_loss, model=self.model, label_smoothing=config.optimizer.label_smoothing
+        )
+        self.train_step = compile_train_step(
+            "jit",
+            self.mesh,
+            config.mesh.rules,
+            self.shardings,
+            loss_fn=self.loss_fn,
+            tx=self.tx,
+            learning_rate_fn=schedule,
+        )
+        self.rng = np.random.default_rng(config.seed)
+        self.state = None
+        self.reset_state()
+        self.base_rng = self.state.rng.copy()  # Step keys fold in from it, as in training/loop.py.
+        self.compiled = {}  # rows -> (lowered, compiled, compile seconds)
+
+    def reset_state(self) -> None:
+        """A fresh train state from config.seed on the mesh (training/loop.py's initial_state)."""
+        self.state = None  # Frees the old one first.
+        self.state = jax.jit(
+            lambda: create_train_state(self.model, self.tx, self.config.seed), out_shardings=self.shardings
+        )()
+
+    def batch(self, rows: int) -> dict:
+        """A fresh copy-task batch of `rows` rows, placed on the mesh."""
+        size = self.size
+        batch = synthetic.packed_copy_batch(
+            self.rng,
+            rows,
+            size.length,
+            num_symbols=size.num_symbols,
+            min_length=size.min_pair,
+            max_length=size.max_pair,
+        )
+        return self.train_step.place_batch(batch)
+
+    def lower(self, rows: int):
+        """The train step lowered for batches of `rows` rows."""
+        shape = jax.ShapeDtypeStruct((rows, self.size.length), np.int32, sharding=sharding.batch_sharding(self.mesh))
+        batch = {key: shape for key in ("inputs", "targets", *BATCH_KEYS)}
+        return self.train_step.run.lower(self.state, batch, self.base_rng)
+
+    def compile(self, rows: int) -> tuple:
+        """(lowered, compiled, compile seconds) of the train step for `rows` rows, compiled once."""
+        if rows not in self.compiled:
+            lowered = self.lower(rows)
+            start = time.perf_counter()
+            compiled = lowered.compile()
+            self.compiled[rows] = (lowered, compiled, time.perf_counter() - start)
+        return self.compiled[rows]
+
+    def run_steps(self, compiled, batches, first_step: int = 0) -> tuple[list[float], list[dict]]:
+        """Runs a step on each of `batches`, each timed from dispatch to its metrics on the host."""
+        seconds, metrics = [], []
+        for step, batch in enumerate(batches, start=first_step):
+            start = time.perf_counter()
+            self.state, step_metrics = compiled(self.state, batch, jax.random.fold_in(self.base_rng, step))
+            metrics.append(jax.device_get(step_metrics))
+            seconds.append(time.perf_counter() - start)
+        return seconds, metrics
+
+    def speed(self, rows: int, seconds: float, tokens: float) -> dict:
+        """Step time, real target tokens/s and MFU of a `rows`-row step of `seconds` with `tokens` real targets."""
+        model_flops = flops.train_step_flops(self.model.config, rows, self.size.length, self.size.length)
+        return {
+            "rows": rows,
+            "target_positions": rows * self.size.length,
+            "step_ms": seconds * 1e3,
+            "target_tokens_per_s": tokens / seconds,
+            "model_tflops_per_step": model_flops / 1e12,
+            "mfu": model_flops / seconds / _peak_flops(),
+        }
+
+
+@functools.cache
+def _peak_flops() -> float:
+    return flops.peak_flops_per_device("bfloat16")[0]
+
+
+def _memory(compiled) -> dict:
+    """What a compiled step holds on its device: arguments + outputs - donated (aliased) + temporaries."""
+    analysis = compiled.memory_analysis()
+    figures = {
+        "argument_bytes": analysis.argument_size_in_bytes,
+        "output_bytes": analysis.output_size_in_bytes,
+        "alias_bytes": analysis.alias_size_in_bytes,
+        "temp_bytes": analysis.temp_size_in_bytes,
+    }
+    figures["total_bytes"] = (
+        figures["argument_bytes"] + figures["output_bytes"] - figures["alias_bytes"] + figures["temp_bytes"]
+    )
+    return figures
+
+
+def _device_memory() -> dict:
+    stats = jax.devices()[0].memory_stats() or {}
+    return {key: stats.get(key) for key in ("bytes_limit", "bytes_in_use", "peak_bytes_in_use")}
+
+
+def _is_out_of_memory(error: Exception) -> bool:
+    return "RESOURCE_EXHAUSTED" in str(error) or "Out of memory" in str(error)
+
+
+# --------------------------------------------------------------------------- #
+# Sections: each takes the size's Check and returns its figures.
+# --------------------------------------------------------------------------- #
+
+
+def step_section(check: Check) -> dict:
+    """Compile time, median step time, tokens/s, MFU and memory at the size's batch."""
+    rows = check.size.rows
+    _, compiled, compile_seconds = check.compile(rows)
+    batch = check.batch(rows)
+    check.run_steps(compiled, [batch] * 2)  # Warm-up: the first runs allocate and load.
+    seconds, metrics = check.run_steps(compiled, [batch] * _STEPS.value, first_step=2)
+    median = statistics.median(seconds)
+    return {
+        "compile_s": compile_seconds,
+        **check.speed(rows, median, float(metrics[-1]["tokens"])),
+        "timing": f"median of {len(seconds)} steps, each blocked on (dispatch to metrics on the host)",
+        "real_target_share": float(metrics[-1]["tokens"]) / (rows * check.size.length),
+        "loss": float(metrics[-1]["loss"]),
+        "compiled_memory": _memory(compiled),
+        "device_memory": _device_memory(),
+    }
+
+
+_DOT = re.compile(
+    r"stablehlo\.dot_general .*: \(tensor<(?:[\dx?]*x)?(\w+)>, tensor<(?:[\dx?]*x)?(\w+)>\) "
+    r"-> tensor<(?:[\dx?]*x)?(\w+)> loc\((#loc\d+)\)"
+)
+_CUSTOM_CALL = re.compile(r"stablehlo\.custom_call @([\w$.\-]+)")
+_LOCATION = re.compile(r'^(#loc\d+) = loc\("([^"]*)"', re.MULTILINE)
+
+
+def dot_dtypes(stablehlo: str) -> dict:
+    """dot_generals of StableHLO text (with debug info) counted by dtypes; where those off the policy come from."""
+    names = dict(_LOCATION.findall(stablehlo))
+    counts, off_policy = {}, {}
+    for lhs, rhs, result, location in _DOT.findall(stablehlo):
+        kind = f"{lhs} x {rhs} -> {result}"
+        counts[kind] = counts.get(kind, 0) + 1
+        if kind != POLICY_DOT:
+            where = names.get(location, location)
+            off_policy[f"{kind} at {where}"] = off_policy.get(f"{kind} at {where}", 0) + 1
+    custom_calls = {}
+    for target in _CUSTOM_CALL.findall(stablehlo):
+        custom_calls[target] = custom_calls.get(target, 0) + 1
+    return {
+        "dot_generals": sum(counts.values()),
+        "by_dtypes": counts,
+        "off_policy": off_policy,
+        "all_on_policy": not off_policy,
+        "custom_calls": custom_calls,
+    }
+
+
+def dtypes_section(check: Check) -> dict:
+    """The dtypes of every dot_general of the step's StableHLO (lowered again if the step section did not run)."""
+    lowered = check.compiled[check.size.rows][0] if check.size.rows in check.compiled else check.lower(check.size.rows)
+    return dot_dtypes(lowered.as_text(debug_info=True))
+
+
+def copy_section(check: Check) -> dict:
+    """Trains fresh parameters on fresh copy batches; PASS if the final NLL is well under the blind model's."""
+    rows, steps = check.size.rows, _COPY_STEPS.value
+    _, compiled, _ = check.compile(rows)
+    check.reset_state()
+    start = time.perf_counter()
+    metrics = []
+    for step in range(steps):  # Not blocked per step: the next batch is made while the step runs.
+        check.state, step_metrics = compiled(check.state, check.batch(rows), jax.random.fold_in(check.base_rng, step))
+        metrics.append(step_metrics)
+    metrics = jax.device_get(metrics)
+    seconds = time.perf_counter() - start
+    nll = [float(m["nll"]) for m in metrics]
+    blind = synthetic.blind_nll(check.size.num_symbols)
+    final = statistics.mean(nll[-COPY_LAST_STEPS:])
+    return {
+        "steps": steps,
+        "seconds": seconds,
+        "symbols": check.size.num_symbols,
+        "first_nll": nll[0],
+        "final_nll": final,
+        "blind_nll": blind,
+        "pass_below": COPY_PASS_FRACTION * blind,
+        "passed": final < COPY_PASS_FRACTION * blind,
+        "skipped_steps": sum(not m["finite"] for m in metrics),
+        "peak_learning_rate": max(float(m["learning_rate"]) for m in metrics),
+    }
+
+
+def attention_section(check: Check) -> dict:
+    """Loss and gradients with two attention implementations, same parameters, batch and dropout key."""
+    implementations = tuple(_ATTENTION.value) or (
+        ("cudnn", "xla") if jax.default_backend() == "gpu" else ("explicit", "xla")
+    )
+    params = check.state.params
+    batch = check.batch(check.size.rows)
+    rng = jax.random.fold_in(check.base_rng, 0)
+    results, gradients = {}, {}
+    for implementation in implementations:
+        config = check.config.copy_and_resolve_references()
+        config.model.attention_implementation = implementation
+        model = make_model(config, config.tokenizer.vocab_size)
+        loss_fn = functools.partial(translation_loss, model=model, label_smoothing=config.optimizer.label_smoothing)
+
+        def mean_loss_grads(params, batch, rng, loss_fn=loss_fn):
+            grads, sums = jax.grad(loss_fn, has_aux=True)(params, batch, rng)
+            return sums["loss"] / sums["tokens"], jax.tree.map(lambda g: g / sums["tokens"], grads)
+
+        start = time.perf_counter()
+        compiled = jax.jit(mean_loss_grads).lower(params, batch, rng).compile()
+        compile_seconds = time.perf_counter() - start
+        seconds = []
+        for _ in range(_STEPS.value + 1):  # The first call warms up.
+            start = time.perf_counter()
+            loss, grads = jax.block_until_ready(compiled(params, batch, rng))
+            seconds.append(time.perf_counter() - start)
+        gradients[implementation] = grads
+        results[implementation] = {
+            "compile_s": compile_seconds,
+            "loss_and_grad_ms": statistics.median(seconds[1:]) * 1e3,
+            "loss": float(loss),
+            "grad_norm": float(_norm(grads)),
+        }
+    first, second = implementations
+    reference = results[second]
+    difference = jax.tree.map(lambda a, b: a - b, gradients[first], gradients[second])
+    agreement = {
+        "loss_relative_difference": abs(results[first]["loss"] - reference["loss"]) / abs(reference["loss"]),
+        "grad_norm_relative_difference": abs(results[first]["grad_norm"] - reference["grad_norm"])
+        / reference["grad_norm"],
+        "grad_difference_norm_relative": float(_norm(difference)) / reference["grad_norm"],
+        "grad_max_abs_difference_relative": float(_max_abs(difference)) / float(_max_abs(gradients[second])),
+    }
+    bars = {
+        "loss_relative_difference": BARS["loss"],
+        "grad_norm_relative_difference": BARS["grad_norm"],
+        "grad_difference_norm_relative": BARS["grad_diff"],
+    }
+    return {
+        "compared": f"{first} vs {second}",
+        "timing": f"forward and backward (no update), median of {_STEPS.value} calls",
+        "dropout": check.config.model.dropout_rate,
+        **{implementation: results[implementation] for implementation in implementations},
+        **agreement,
+        "bars": bars,
+        "agree": all(agreement[key] <= bar for key, bar in bars.items()),
+    }
+
+
+def _norm(tree) -> jax.Array:
+    return jax.numpy.sqrt(
+        sum(jax.numpy.sum(jax.numpy.square(leaf.astype(np.float32))) for leaf in jax.tree.leaves(tree))
+    )
+
+
+def _max_abs(tree) -> jax.Array:
+    return max(jax.numpy.max(jax.numpy.abs(leaf)) for leaf in jax.tree.leaves(tree))
+
+
+def max_batch_section(check: Check) -> dict:
+    """The largest batch per device, predicted from two compiles' memory and checked by running there."""
+    rows = check.size.rows
+    small = _memory(check.compile(rows)[1])["total_bytes"]
+    lowered = check.lower(2 * rows)
+    large = _memory(lowered.compile())["total_bytes"]  # Compile only: not kept.
+    per_row = (large - small) / rows
+    fixed = small - per_row * rows
+    figures = {"fitted_fixed_bytes": fixed, "fitted_bytes_per_row": per_row}
+    limit = _MEMORY_LIMIT_MIB.value * 2**20 or _device_memory()["bytes_limit"]
+    if not limit:
+        return {**figures, "skipped": f"no device memory limit on {jax.default_backend()}: pass --memory_limit_mib"}
+    predicted = int((MEMORY_MARGIN * limit - fixed) / per_row)
+    predicted = predicted // 8 * 8 if predicted >= 8 else predicted
+    figures.update({"memory_limit_bytes": limit, "predicted_rows": predicted, "tried_rows": []})
+    candidate = predicted
+    while candidate >= 1:
+        figures["tried_rows"].append(candidate)
+        try:
+            _, compiled, compile_seconds = check.compile(candidate)
+            batch = check.batch(candidate)
+            seconds, metrics = check.run_steps(compiled, [batch] * 3)
+        except Exception as error:  # noqa: BLE001 - only running out of memory is expected; others go up.
+            if not _is_out_of_memory(error):
+                raise
+            check.compiled.pop(candidate, None)
+            check.reset_state()  # A failed step may have consumed the donated state.
+            candidate //= 2
+            continue
+        return {
+            **figures,
+            "compile_s": compile_seconds,
+            **check.speed(candidate, statistics.median(seconds[1:]), float(metrics[-1]["tokens"])),
+            "compiled_memory": _memory(compiled),
+            "device_memory": _device_memory(),
+        }
+    return {**figures, "error": "no batch fits"}
+
+
+SECTION_FUNCTIONS = {
+    "step": step_section,
+    "dtypes": dtypes_section,
+    "copy": copy_section,
+    "attention": attention_section,
+    "max_batch": max_batch_section,
+}
+
+
+# --------------------------------------------------------------------------- #
+# The record: environment, figures, a Markdown table.
+# --------------------------------------------------------------------------- #
+
+
+def environment() -> dict:
+    """Devices, versions, CPU, date and commit of this run."""
+    device = jax.devices()[0]
+    versions = {"python": platform.python_version(), "numpy": np.__version__}
+    for package in ("jax", "jaxlib", "flax", "optax", "orbax.checkpoint", "ml_collections", "absl"):
+        try:
+            versions[package] = importlib.metadata.version(package.replace(".", "-").replace("absl", "absl-py"))
+        except importlib.metadata.PackageNotFoundError:
+            versions[package] = None
+    return {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "command": " ".join([os.path.basename(sys.executable), *sys.argv]),
+        "platform": jax.default_backend(),
+        "device_kind": device.device_kind,
+        "device_count": jax.device_count(),
+        "devices_used": 1,
+        "peak_bf16_flops_per_device": _peak_flops(),
+        "peak_source": flops.peak_flops_per_device("bfloat16")[1],
+        "platform_version": getattr(device.client, "platform_version", None),
+        "versions": versions,
+        "cuda": _cuda_versions(),
+        "cpu": _cpu_model(),
+        "git_commit": _git_commit(),
+    }
+
+
+def _cuda_versions() -> dict | None:
+    """CUDA runtime, driver and cuDNN versions from the JAX CUDA plugin, where one is installed."""
+    for plugin in ("jax_cuda13_plugin", "jax_cuda12_plugin", "jaxlib.cuda"):
+        try:
+            module = importlib.import_module(f"{plugin}._versions")
+        except ImportError:
+            continue
+        found = {"plugin": plugin}
+        for name in ("cuda_runtime_get_version", "cuda_driver_get_version", "cudnn_get_version"):
+            try:
+                found[name.removesuffix("_get_version")] = getattr(module, name)()
+            except Exception as error:  # noqa: BLE001 - a version we cannot read is recorded, not fatal.
+                found[name.removesuffix("_get_version")] = f"unreadable: {error}"
+        return found
+    return None
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        return platform.processor()
+
+
+def _git_commit() -> str | None:
+    """HEAD's commit, '+dirty' where the working tree differs; None outside a git checkout."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    try:
+        commit = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, check=True
+        ).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain"], cwd=root, capture_output=True, text=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return commit + ("+dirty" if dirty.strip() else "")
+
+
+def summary(section: str, figures: dict) -> str:
+    """One line of a section's main figures."""
+    if "error" in figures:
+        return f"ERROR {figures['error'].splitlines()[0][:300]}"
+    if figures.get("skipped"):
+        return f"skipped: {figures['skipped']}"
+    if section in ("step", "max_batch"):
+        peak = (figures.get("device_memory") or {}).get("peak_bytes_in_use")
+        return (
+            f"{figures['rows']} x {figures['target_positions'] // figures['rows']} rows, compile "
+            f"{figures['compile_s']:.1f} s, step {figures['step_ms']:.1f} ms, {figures['target_tokens_per_s']:,.0f} "
+            f"real tgt tok/s, MFU {figures['mfu']:.1%}, compiled step "
+            f"{figures['compiled_memory']['total_bytes'] / 2**30:.2f} GiB, peak in use "
+            + (f"{peak / 2**30:.2f} GiB" if peak is not None else "n/a")
+            + (
+                f" (predicted {figures['predicted_rows']}, tried {figures['tried_rows']})"
+                if section == "max_batch"
+                else ""
+            )
+        )
+    if section == "dtypes":
+        counts = ", ".join(f"{kind}: {n}" for kind, n in figures["by_dtypes"].items())
+        calls = ", ".join(f"{name}: {n}" for name, n in figures["custom_calls"].items()) or "none"
+        verdict = "all on policy" if figures["all_on_policy"] else f"OFF POLICY: {figures['off_policy']}"
+        return f"{figures['dot_generals']} dot_generals ({counts}); {verdict}; custom calls: {calls}"
+    if section == "copy":
+        return (
+            f"{'PASS' if figures['passed'] else 'FAIL'}: NLL {figures['first_nll']:.3f} -> {figures['final_nll']:.3f} "
+            f"(bar {figures['pass_below']:.3f} = {COPY_PASS_FRACTION} x log {figures['symbols']}) in "
+            f"{figures['steps']} steps, {figures['seconds']:.1f} s"
+        )
+    if section == "attention":
+        first, second = figures["compared"].split(" vs ")
+        return (
+            f"{figures['compared']}: {figures[first]['loss_and_grad_ms']:.1f} vs "
+            f"{figures[second]['loss_and_grad_ms']:.1f} ms; loss rel diff {figures['loss_relative_difference']:.2e}, "
+            f"grad norm rel diff {figures['grad_norm_relative_difference']:.2e}, grad diff / norm "
+            f"{figures['grad_difference_norm_relative']:.2e}, max abs diff / max abs "
+            f"{figures['grad_max_abs_difference_relative']:.2e}: "
+            + ("agree (within bars)" if figures["agree"] else "DISAGREE (beyond bars)")
+        )
+    return json.dumps(figures)
+
+
+def markdown(record: dict) -> str:
+    """The record as a short Markdown page: environment, then one row per size and section."""
+    env = record["environment"]
+    lines = [
+        "# Accelerator check",
+        "",
+        f"Written by `benchmarks/accelerator_check.py` (its docstring defines every figure); the JSON beside "
+        f"this file holds them all. Command: `{env['command']}`.",
+        "",
+        f"- Device: {env['device_kind']} ({env['platform']}, {env['device_count']} present, 1 used); "
+        f"bf16 peak {env['peak_bf16_flops_per_device'] / 1e12:.1f} TFLOP/s ({env['peak_source']})",
+        "- Versions: " + ", ".join(f"{name} {version}" for name, version in env["versions"].items()),
+        f"- CUDA: {env['cuda']}",
+        f"- CPU: {env['cpu']}; commit {env['git_commit']}; {env['date']}",
+        "",
+        "| size | section | result |",
+        "|---|---|---|",
+    ]
+    for size, sections in record["sizes"].items():
+        for section, figures in sections.items():
+            lines.append(f"| {size} | {section} | {summary(section, figures).replace('|', '/')} |")
+    return "\n".join(lines) + "\n"
+
+
+def write_record(record: dict, path: str) -> None:
+    """Writes the JSON record and its Markdown page, each whole or not at all (a kill mid-write leaves the last)."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    for target, text in ((path, json.dumps(record, indent=1, default=str)), (_markdown_path(path), markdown(record))):
+        with open(target + ".tmp", "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(target + ".tmp", target)
+
+
+def _error(error: Exception) -> dict:
+    return {"error": f"{type(error).__name__}: {error}", "traceback": traceback.format_exc()}
+
+
+def _markdown_path(path: str) -> str:
+    return os.path.splitext(path)[0] + ".md"
+
+
+def main(argv):
+    del argv
+    unknown = set(_SECTIONS.value) - set(SECTIONS)
+    if unknown:
+        raise app.UsageError(f"--sections: unknown {sorted(unknown)}; choose from {', '.join(SECTIONS)}.")
+    if _ATTENTION.value and len(_ATTENTION.value) != 2:
+        raise app.UsageError(f"--attention: name two implementations, not {len(_ATTENTION.value)}.")
+    sizes = [make_size(name, _ROWS.value) for name in _SIZES.value]  # Unknown names fail before any work.
+    path = _OUTPUT.value or os.path.join(
+        "docs", "results", f"accelerator_check_{'_'.join(_SIZES.value)}_{jax.default_backend()}.json"
+    )
+    record = {"environment": environment(), "sizes": {}}
+    print(f"{record['environment']['device_kind']}: jax {record['environment']['versions']['jax']}", flush=True)
+    for size in sizes:
+        figures = record["sizes"][size.name] = {}
+        try:
+            check = Check(size)
+        except Exception as error:  # noqa: BLE001 - recorded; the next size may still run.
+            figures["setup"] = _error(error)
+            print(f"{size.name:<5} setup      {summary('setup', figures['setup'])}", flush=True)
+            write_record(record, path)
+            continue
+        for section in (name for name in SECTIONS if name in _SECTIONS.value):
+            start = time.perf_counter()
+            try:
+                figures[section] = SECTION_FUNCTIONS[section](check)
+            except Exception as error:  # noqa: BLE001 - recorded; the other sections still run.
+                figures[section] = _error(error)
+            figures[section]["section_s"] = time.perf_counter() - start
+            print(f"{size.name:<5} {section:<10} {summary(section, figures[section])}", flush=True)
+            write_record(record, path)
+        del check
+    record["loaded_modules"] = sorted({name.partition(".")[0] for name in sys.modules})
+    write_record(record, path)
+    print()
+    print(markdown(record), flush=True)
+    print(f"Record: {path} and {_markdown_path(path)}")
+
+
+if __name__ == "__main__":
+    app.run(main)
