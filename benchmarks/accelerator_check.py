@@ -48,16 +48,13 @@ again after every section, so a run killed at its time limit keeps what it measu
 """
 
 import dataclasses
-import datetime
 import functools
 import importlib
 import importlib.metadata
 import json
 import os
-import platform
 import re
 import statistics
-import subprocess
 import sys
 import time
 import traceback
@@ -67,6 +64,7 @@ import ml_collections
 import numpy as np
 from absl import app, flags
 
+from benchmarks import records
 from configs import default, tiny
 from input_pipeline import synthetic
 from models.build import make_model
@@ -466,22 +464,14 @@ SECTION_FUNCTIONS = {
 
 
 # --------------------------------------------------------------------------- #
-# The record: environment, figures, a Markdown table.
+# The record (benchmarks/records.py): the devices, figures, a Markdown table.
 # --------------------------------------------------------------------------- #
 
 
-def environment() -> dict:
-    """Devices, versions, CPU, date and commit of this run."""
+def accelerator() -> dict:
+    """The devices: kind, count, their dense bf16 peak, and the CUDA stack where there is one."""
     device = jax.devices()[0]
-    versions = {"python": platform.python_version(), "numpy": np.__version__}
-    for package in ("jax", "jaxlib", "flax", "optax", "orbax.checkpoint", "ml_collections", "absl"):
-        try:
-            versions[package] = importlib.metadata.version(package.replace(".", "-").replace("absl", "absl-py"))
-        except importlib.metadata.PackageNotFoundError:
-            versions[package] = None
     return {
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "command": " ".join([os.path.basename(sys.executable), *sys.argv]),
         "platform": jax.default_backend(),
         "device_kind": device.device_kind,
         "device_count": jax.device_count(),
@@ -489,10 +479,7 @@ def environment() -> dict:
         "peak_bf16_flops_per_device": _peak_flops(),
         "peak_source": flops.peak_flops_per_device("bfloat16")[1],
         "platform_version": getattr(device.client, "platform_version", None),
-        "versions": versions,
         "cuda": _cuda_versions(),
-        "cpu": _cpu_model(),
-        "git_commit": _git_commit(),
     }
 
 
@@ -511,27 +498,6 @@ def _cuda_versions() -> dict | None:
                 found[name.removesuffix("_get_version")] = f"unreadable: {error}"
         return found
     return None
-
-
-def _cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    except (OSError, StopIteration):
-        return platform.processor()
-
-
-def _git_commit() -> str | None:
-    """HEAD's commit, '+dirty' where the working tree differs; None outside a git checkout."""
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    try:
-        commit = subprocess.run(
-            ["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, check=True
-        ).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain"], cwd=root, capture_output=True, text=True).stdout
-    except (OSError, subprocess.CalledProcessError):
-        return None
-    return commit + ("+dirty" if dirty.strip() else "")
 
 
 def summary(section: str, figures: dict) -> str:
@@ -578,45 +544,25 @@ def summary(section: str, figures: dict) -> str:
     return json.dumps(figures)
 
 
-def markdown(record: dict) -> str:
-    """The record as a short Markdown page: environment, then one row per size and section."""
-    env = record["environment"]
+def table(record: dict) -> list[str]:
+    """The record's page below its header: the devices, then one row per size and section."""
+    devices = record["accelerator"]
     lines = [
-        "# Accelerator check",
-        "",
-        f"Written by `benchmarks/accelerator_check.py` (its docstring defines every figure); the JSON beside "
-        f"this file holds them all. Command: `{env['command']}`.",
-        "",
-        f"- Device: {env['device_kind']} ({env['platform']}, {env['device_count']} present, 1 used); "
-        f"bf16 peak {env['peak_bf16_flops_per_device'] / 1e12:.1f} TFLOP/s ({env['peak_source']})",
-        "- Versions: " + ", ".join(f"{name} {version}" for name, version in env["versions"].items()),
-        f"- CUDA: {env['cuda']}",
-        f"- CPU: {env['cpu']}; commit {env['git_commit']}; {env['date']}",
+        f"Device: {devices['device_kind']} ({devices['platform']}, {devices['device_count']} present, 1 used); "
+        f"bf16 peak {devices['peak_bf16_flops_per_device'] / 1e12:.1f} TFLOP/s ({devices['peak_source']}); "
+        f"CUDA: {devices['cuda']}. Every figure is defined in benchmarks/accelerator_check.py's docstring.",
         "",
         "| size | section | result |",
         "|---|---|---|",
     ]
-    for size, sections in record["sizes"].items():
+    for size, sections in record["figures"].items():
         for section, figures in sections.items():
             lines.append(f"| {size} | {section} | {summary(section, figures).replace('|', '/')} |")
-    return "\n".join(lines) + "\n"
-
-
-def write_record(record: dict, path: str) -> None:
-    """Writes the JSON record and its Markdown page, each whole or not at all (a kill mid-write leaves the last)."""
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    for target, text in ((path, json.dumps(record, indent=1, default=str)), (_markdown_path(path), markdown(record))):
-        with open(target + ".tmp", "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(target + ".tmp", target)
+    return lines
 
 
 def _error(error: Exception) -> dict:
     return {"error": f"{type(error).__name__}: {error}", "traceback": traceback.format_exc()}
-
-
-def _markdown_path(path: str) -> str:
-    return os.path.splitext(path)[0] + ".md"
 
 
 def main(argv):
@@ -628,18 +574,25 @@ def main(argv):
         raise app.UsageError(f"--attention: name two implementations, not {len(_ATTENTION.value)}.")
     sizes = [make_size(name, _ROWS.value) for name in _SIZES.value]  # Unknown names fail before any work.
     path = _OUTPUT.value or os.path.join(
-        "docs", "results", f"accelerator_check_{'_'.join(_SIZES.value)}_{jax.default_backend()}.json"
+        records.RESULTS_DIR, f"accelerator_check_{'_'.join(_SIZES.value)}_{jax.default_backend()}"
     )
-    record = {"environment": environment(), "sizes": {}}
-    print(f"{record['environment']['device_kind']}: jax {record['environment']['versions']['jax']}", flush=True)
+    devices = accelerator()
+    record = records.new(
+        "the train step on one accelerator: speed, memory, attention kernels, matmul dtypes, learning",
+        figures={},
+        packages=(*records.DEFAULT_PACKAGES, "ml_collections", "absl-py"),
+        accelerator=devices,
+    )
+    record["machine"]["accelerator"] = f"{devices['device_kind']} ({devices['platform']})"
+    print(f"{devices['device_kind']}: jax {record['software']['jax']}", flush=True)
     for size in sizes:
-        figures = record["sizes"][size.name] = {}
+        figures = record["figures"][size.name] = {}
         try:
             check = Check(size)
         except Exception as error:  # noqa: BLE001 - recorded; the next size may still run.
             figures["setup"] = _error(error)
             print(f"{size.name:<5} setup      {summary('setup', figures['setup'])}", flush=True)
-            write_record(record, path)
+            records.write(record, path, table(record))
             continue
         for section in (name for name in SECTIONS if name in _SECTIONS.value):
             start = time.perf_counter()
@@ -649,13 +602,11 @@ def main(argv):
                 figures[section] = _error(error)
             figures[section]["section_s"] = time.perf_counter() - start
             print(f"{size.name:<5} {section:<10} {summary(section, figures[section])}", flush=True)
-            write_record(record, path)
+            records.write(record, path, table(record))
         del check
     record["loaded_modules"] = sorted({name.partition(".")[0] for name in sys.modules})
-    write_record(record, path)
-    print()
-    print(markdown(record), flush=True)
-    print(f"Record: {path} and {_markdown_path(path)}")
+    print("\n".join(table(record)), flush=True)
+    print("wrote", records.write(record, path, table(record)))
 
 
 if __name__ == "__main__":

@@ -60,8 +60,8 @@ def test_tiny_check_measures_every_section_without_the_data_stack(tmp_path):
     record = json.loads(output.read_text())
     assert output.with_suffix(".md").exists()
     assert not set(DATA_STACK) & set(record["loaded_modules"])
-    assert record["environment"]["device_kind"] and record["environment"]["versions"]["jax"]
-    tiny = record["sizes"]["tiny"]
+    assert record["accelerator"]["device_kind"] and record["software"]["jax"]
+    tiny = record["figures"]["tiny"]
     assert [name for name in tiny] == ["step", "dtypes", "copy", "attention", "max_batch"]
     assert not [name for name, figures in tiny.items() if "error" in figures], tiny
 
