@@ -84,6 +84,9 @@ _ROWS = flags.DEFINE_integer("rows", 0, "Rows per batch (0: the size's own; base
 _ATTENTION = flags.DEFINE_list(
     "attention", [], "The two attention implementations to compare (default: cudnn,xla on a GPU, else explicit,xla)."
 )
+_PEAK_LEARNING_RATES = flags.DEFINE_list(
+    "peak_learning_rates", [], "Peak learning rates to run the sections at, each in turn (default: the size's own)."
+)
 _MEMORY_LIMIT_MIB = flags.DEFINE_integer(
     "memory_limit_mib", 0, "Memory the max_batch search fills (0: the device's bytes_limit; a CPU has none)."
 )
@@ -138,6 +141,13 @@ def make_size(name: str, rows: int = 0) -> Size:
     config.model.dtype = "bfloat16"
     config.dataset.max_length = size.length
     return dataclasses.replace(size, rows=rows or size.rows)
+
+
+def with_peak_learning_rate(size: Size, rate: float) -> Size:
+    """`size` trained at peak learning rate `rate`, named for it."""
+    config = ml_collections.ConfigDict(size.config.to_dict())
+    config.optimizer.peak_learning_rate = rate
+    return dataclasses.replace(size, name=f"{size.name} lr {rate:g}", config=config)
 
 
 class Check:
@@ -573,6 +583,8 @@ def main(argv):
     if _ATTENTION.value and len(_ATTENTION.value) != 2:
         raise app.UsageError(f"--attention: name two implementations, not {len(_ATTENTION.value)}.")
     sizes = [make_size(name, _ROWS.value) for name in _SIZES.value]  # Unknown names fail before any work.
+    if rates := [float(rate) for rate in _PEAK_LEARNING_RATES.value]:
+        sizes = [with_peak_learning_rate(size, rate) for size in sizes for rate in rates]
     path = _OUTPUT.value or os.path.join(
         records.RESULTS_DIR, f"accelerator_check_{'_'.join(_SIZES.value)}_{jax.default_backend()}"
     )
