@@ -1,0 +1,143 @@
+r"""The README's results table, generated from the records under docs/results/.
+
+  python -m benchmarks.results_table           # rewrites the table in README.md
+  python -m benchmarks.results_table --check   # exits 1 where README.md's table differs
+
+Each row of the table is one record (benchmarks/records.py): a measurement's figures, the
+machine it ran on and a link to the record's page. A measurement run on several kinds of
+machine gives a row per machine. The table lies between the README's `results:begin` and
+`results:end` comments; nothing else in the README is touched.
+"""
+
+import dataclasses
+import glob
+import os
+import sys
+from collections.abc import Callable
+
+from absl import app, flags
+
+from benchmarks import records
+
+_CHECK = flags.DEFINE_bool("check", False, "Only compare: exit 1 where README.md's table is not the generated one.")
+
+README = os.path.join(records.REPO_ROOT, "README.md")
+BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
+
+
+def _minutes(seconds: float) -> str:
+    minutes, seconds = divmod(round(seconds), 60)
+    return f"{minutes} min {seconds} s" if minutes else f"{seconds} s"
+
+
+def _quickstart(figures: dict) -> str:
+    run = figures["evaluations"]["train + evaluation"]
+    return (
+        f"{_minutes(run['wall_seconds'])}, {run['peak_rss_bytes'] / 1e9:.2f} GB peak RSS; "
+        f"test BLEU {run['bleu']:.2f}, chrF {run['chrf']:.1f} ({run['decoding']}, {run['num_sentences']:,} pairs)"
+    )
+
+
+def _beam(figures: dict) -> str:
+    beam = next(run for name, run in figures["evaluations"].items() if name.startswith("evaluation, beam"))
+    return f"test BLEU {beam['bleu']:.2f}, chrF {beam['chrf']:.1f} ({beam['decoding']})"
+
+
+def _peer(figures: dict) -> str:
+    variants = figures["variants"]
+    ratios = [f"{variants[dtype]['ratio']:.2f}× in {dtype}" for dtype in ("bfloat16", "float32") if dtype in variants]
+    mfu = f"; bfloat16 MFU {variants['bfloat16']['mfu']:.0%}" if "bfloat16" in variants else ""
+    return f"{', '.join(ratios)} the target tokens/s{mfu}"
+
+
+def _restart(figures: dict) -> str:
+    restarts = figures["restarts"]
+    return ", ".join(f"{run['to_last_step_seconds']:.1f} s ({name})" for name, run in restarts.items())
+
+
+def _accelerator(figures: dict) -> str:
+    def speed(step: dict) -> str:
+        return f"{step['target_tokens_per_s']:,.0f} at {step['target_positions']:,} (MFU {step['mfu']:.0%})"
+
+    cells = []
+    for size in ("base", "big"):
+        runs = [figures.get(size, {}).get(section, {}) for section in ("step", "max_batch")]
+        if measured := [speed(run) for run in runs if "mfu" in run]:
+            cells.append(f"{size}: " + ", ".join(measured))
+    return "target tokens/s at target positions a batch: " + "; ".join(cells)
+
+
+def _classification(figures: dict) -> str:
+    run = figures["evaluations"]["train + evaluation"]
+    return (
+        f"{_minutes(run['wall_seconds'])}; test accuracy {run['accuracy']:.3f}, macro-F1 {run['macro_f1']:.3f} "
+        f"(majority class {run['majority_accuracy']:.3f})"
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class Row:
+    what: str
+    records: str  # A glob of record names under docs/results/, one row per match.
+    result: Callable[[dict], str]  # The figures' cell.
+
+
+ROWS = (
+    Row("quick-start: the main command, from an empty workdir", "quickstart_*", _quickstart),
+    Row("quick-start's checkpoint, beam search", "quickstart_*", _beam),
+    Row("train step against PyTorch 2.13 eager `nn.Transformer` (config R)", "peer_throughput_*", _peer),
+    Row("restart on a 4.5M-pair corpus: command start to the last step", "large_corpus_restart_*", _restart),
+    Row("classification of the bundled help topics (7 classes)", "classify_*", _classification),
+    Row("Transformer-base and -big train step, bf16, one device", "accelerator_check_base_big_*", _accelerator),
+)
+# Rows that link to a page instead of a record.
+LINKS = (("the paper's Table 3 at the bundled corpus's scale", "[docs/ablations.md](docs/ablations.md#results)"),)
+
+
+def _machine(record: dict) -> str:
+    machine = record["machine"]
+    return machine.get("accelerator") or f"{machine['cores']}-core {machine['cpu_model']} (`{machine['cpu_kind']}`)"
+
+
+def table(results_dir: str = records.RESULTS_DIR) -> list[str]:
+    """The table's lines, from the records in `results_dir`."""
+    lines = ["| what | result | machine | record |", "|---|---|---|---|"]
+    for row in ROWS:
+        for path in sorted(glob.glob(os.path.join(results_dir, row.records + ".json"))):
+            name = os.path.basename(path).removesuffix(".json")
+            record = records.read(name, results_dir)
+            page = os.path.relpath(os.path.join(results_dir, name + ".md"), records.REPO_ROOT)
+            lines.append(f"| {row.what} | {row.result(record['figures'])} | {_machine(record)} | [{name}]({page}) |")
+    lines += [f"| {what} | {link} | | |" for what, link in LINKS]
+    return lines
+
+
+def with_table(readme: str, lines: list[str]) -> str:
+    """`readme` with the lines between its BEGIN and END markers replaced by `lines`."""
+    before, begin, rest = readme.partition(BEGIN)
+    _, end, after = rest.partition(END)
+    if not begin or not end:
+        raise ValueError(f"README.md has no {BEGIN} ... {END} block for the results table")
+    return before + begin + "\n" + "\n".join(lines) + "\n" + end + after
+
+
+def main(argv):
+    del argv
+    with open(README, encoding="utf-8") as readme:
+        current = readme.read()
+    generated = with_table(current, table())
+    if _CHECK.value:
+        if generated != current:
+            print(
+                "README.md's results table differs from the records: python -m benchmarks.results_table",
+                file=sys.stderr,
+            )
+            sys.exit(1)
+        return
+    with open(README, "w", encoding="utf-8") as readme:
+        readme.write(generated)
+    print("\n".join(table()))
+
+
+if __name__ == "__main__":
+    app.run(main)
