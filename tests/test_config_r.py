@@ -1,4 +1,4 @@
-"""benchmarks/peer_throughput.py compares like with like: the same model in JAX and PyTorch, both training."""
+"""benchmarks/config_r.py compares like with like: the same model in JAX and PyTorch, both training."""
 
 import jax
 import numpy as np
@@ -6,7 +6,7 @@ import pytest
 
 pytest.importorskip("torch")
 
-from benchmarks import peer_throughput  # noqa: E402
+from benchmarks import config_r  # noqa: E402
 from models.build import make_model  # noqa: E402
 from training.optimizer import make_optimizer  # noqa: E402
 from training.state import create_train_state  # noqa: E402
@@ -20,8 +20,8 @@ def _num_project_params(config) -> int:
 
 
 def test_torch_model_has_config_r_parameters_plus_torch_only_biases_and_final_norms():
-    config = peer_throughput.config_r()
-    torch_step = peer_throughput.TorchStep(config, peer_throughput.random_batch(config))
+    config = config_r.config_r()
+    torch_step = config_r.TorchStep(config, config_r.random_batch(config))
     num_torch_params = sum(p.numel() for p in torch_step.modules.parameters())  # The tied weight once.
 
     d, layers = config.model.d_model, config.model.num_layers
@@ -33,7 +33,7 @@ def test_torch_model_has_config_r_parameters_plus_torch_only_biases_and_final_no
 
 
 def _small_config(dtype: str):
-    config = peer_throughput.config_r(dtype, dropout_rate=0.0)
+    config = config_r.config_r(dtype, dropout_rate=0.0)
     config.model.update(d_model=32, num_heads=4, d_ff=64, num_layers=1, max_len=8)
     config.dataset.max_length = 8
     config.tokenizer.vocab_size = 64
@@ -47,13 +47,13 @@ def _small_config(dtype: str):
 @pytest.mark.parametrize(
     "step_class, dtype",
     [
-        (peer_throughput.ProjectStep, "float32"),
-        (peer_throughput.TorchStep, "float32"),
-        (peer_throughput.TorchStep, "bfloat16"),
+        (config_r.ProjectStep, "float32"),
+        (config_r.TorchStep, "float32"),
+        (config_r.TorchStep, "bfloat16"),
     ],
 )
 def test_each_step_trains_on_its_repeated_batch(step_class, dtype):
     config = _small_config(dtype)
-    step = step_class(config, peer_throughput.random_batch(config))
+    step = step_class(config, config_r.random_batch(config))
     losses = [float(step()) for _ in range(3)]  # Each the loss before that step's update.
     assert losses[2] < losses[1] < losses[0]

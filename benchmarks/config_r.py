@@ -1,0 +1,163 @@
+"""Config R: the model both frameworks train in benchmarks/peer_throughput.py, and its step in each.
+
+d_model 256, 4 heads, d_ff 1024, 3 + 3 layers, post-LN, a shared 8k vocabulary (embeddings and
+output layer tied, sinusoidal positions), dropout 0.1, label smoothing 0.1, Adam (β 0.9/0.98,
+ε 1e-9), a batch of 32 x 64 random ids with no padding. `ProjectStep` is this project's train
+step exactly as train.py builds it; `TorchStep` the same model and update in PyTorch, as a
+researcher would write it (benchmarks/peer_throughput.py's docstring says what differs).
+benchmarks/step_profile.py profiles `ProjectStep`.
+"""
+
+import contextlib
+import math
+
+import jax
+import ml_collections
+import numpy as np
+
+from common.special_ids import BOS_ID, EOS_ID
+from configs import default
+from models.build import make_model
+from models.embeddings import sinusoidal_positions
+from training.loop import configured_train_step, initial_state, state_shardings
+from training.optimizer import make_optimizer
+from training.runtime import sharding
+from training.tasks.translation import TranslationTask
+
+
+def config_r(dtype: str = "float32", dropout_rate: float = 0.1) -> ml_collections.ConfigDict:
+    """configs/default.py with config R's overrides, on one device."""
+    config = default.get_config()
+    config.model.d_model = 256
+    config.model.num_heads = 4
+    config.model.d_ff = 1024
+    config.model.num_layers = 3
+    config.model.dropout_rate = dropout_rate
+    config.model.norm_placement = "post"
+    config.model.dtype = dtype
+    config.model.max_len = 64
+    config.dataset.max_length = 64
+    config.tokenizer.vocab_size = 8_000
+    config.per_device_batch_size = 32
+    config.optimizer.label_smoothing = 0.1
+    # An explicit peak: PyTorch's side trains at it as a constant rate (the step time does not depend on it).
+    config.optimizer.update(schedule="rsqrt", peak_learning_rate=7e-4)
+    config.mesh.data = 1
+    return config
+
+
+def random_batch(config: ml_collections.ConfigDict, seed: int = 0) -> dict[str, np.ndarray]:
+    """'inputs' and 'targets' [per_device_batch_size, max_length] int32: random ordinary ids, no padding."""
+    shape = (config.per_device_batch_size, config.dataset.max_length)
+    ids = np.random.default_rng(seed).integers(EOS_ID + 1, config.tokenizer.vocab_size, size=(2, *shape))
+    return {"inputs": ids[0].astype(np.int32), "targets": ids[1].astype(np.int32)}
+
+
+def num_layers(model: ml_collections.ConfigDict) -> tuple[int, int]:
+    """(encoder layers, decoder layers) of config.model, as models/build.py reads them."""
+    return (
+        model.num_encoder_layers if model.num_encoder_layers > 0 else model.num_layers,
+        model.num_decoder_layers if model.num_decoder_layers > 0 else model.num_layers,
+    )
+
+
+class ProjectStep:
+    """This project's train step as train.py builds it, with its state and one batch it trains on repeatedly."""
+
+    def __init__(self, config: ml_collections.ConfigDict, batch: dict[str, np.ndarray]):
+        mesh = sharding.make_mesh(config.mesh, jax.devices()[:1])
+        model = make_model(config, config.tokenizer.vocab_size)
+        tx, schedule = make_optimizer(config.optimizer, d_model=config.model.d_model)
+        shardings = state_shardings(config, model, tx, mesh)
+        loss_fn = TranslationTask().loss_fn(config, model)
+        self._step = configured_train_step(config, loss_fn, tx, schedule, mesh, shardings)
+        self._state = self._step.enter(initial_state(config, model, tx, shardings))
+        self._batch = self._step.place_batch(batch)
+        self._key = jax.random.key(config.seed)
+        self._steps_run = 0
+
+    def compiled_hlo(self) -> str:
+        """The optimized HLO module of the step (compiled again: XLA compiles the same module the same way)."""
+        key = jax.random.fold_in(self._key, 0)
+        return self._step.run.lower(self._state, self._batch, key).compile().as_text()
+
+    def __call__(self) -> jax.Array:
+        """Runs one update; returns its loss ([] float32, maybe not computed yet)."""
+        key = jax.random.fold_in(self._key, self._steps_run)
+        self._state, metrics = self._step.run(self._state, self._batch, key)
+        self._steps_run += 1
+        return metrics["loss"]
+
+
+class TorchStep:
+    """The same model and update in PyTorch (`nn.Transformer`), with one batch it trains on repeatedly."""
+
+    def __init__(self, config: ml_collections.ConfigDict, batch: dict[str, np.ndarray]):
+        import torch  # An optional dependency: the benchmark extra.
+        from torch import nn
+
+        self._torch = torch
+        model = config.model
+        d_model, vocab_size = model.d_model, config.tokenizer.vocab_size
+        encoder_layers, decoder_layers = num_layers(model)
+        torch.manual_seed(config.seed)
+        embedding = nn.Embedding(vocab_size, d_model)
+        nn.init.normal_(embedding.weight, std=d_model**-0.5)  # As this project's TokenEmbedding.
+        output = nn.Linear(d_model, vocab_size, bias=False)
+        output.weight = embedding.weight  # Tied, as in this project.
+        self.modules = nn.ModuleDict(
+            {
+                "embedding": embedding,
+                "dropout": nn.Dropout(model.dropout_rate),
+                "transformer": nn.Transformer(
+                    d_model=d_model,
+                    nhead=model.num_heads,
+                    num_encoder_layers=encoder_layers,
+                    num_decoder_layers=decoder_layers,
+                    dim_feedforward=model.d_ff,
+                    dropout=model.dropout_rate,
+                    batch_first=True,
+                    norm_first=model.norm_placement == "pre",
+                ),
+                "output": output,
+            }
+        ).train()
+        self._scale = math.sqrt(d_model)
+        self._positions = torch.from_numpy(sinusoidal_positions(model.max_len, d_model))
+        self._loss = nn.CrossEntropyLoss(label_smoothing=config.optimizer.label_smoothing)
+        self._optimizer = torch.optim.Adam(
+            self.modules.parameters(),
+            lr=config.optimizer.peak_learning_rate,
+            betas=(config.optimizer.b1, config.optimizer.b2),
+            eps=config.optimizer.eps,
+        )
+        self._autocast = (
+            (lambda: torch.autocast("cpu", dtype=torch.bfloat16))
+            if model.dtype == "bfloat16"
+            else contextlib.nullcontext
+        )
+        self._inputs = torch.from_numpy(batch["inputs"]).long()
+        self._targets = torch.from_numpy(batch["targets"]).long()
+
+    def _embed(self, ids):
+        """[batch, length] ids -> [batch, length, d_model]: scaled embedding + positions, dropout."""
+        x = self.modules["embedding"](ids) * self._scale + self._positions[: ids.shape[1]]
+        return self.modules["dropout"](x)
+
+    def __call__(self):
+        """Runs one update; returns its loss ([] float32 tensor)."""
+        torch = self._torch
+        length = self._targets.shape[1]
+        bos = torch.full((self._targets.shape[0], 1), BOS_ID, dtype=self._targets.dtype)
+        decoder_inputs = torch.cat([bos, self._targets[:, :-1]], dim=1)
+        causal_mask = torch.nn.Transformer.generate_square_subsequent_mask(length)
+        self._optimizer.zero_grad()
+        with self._autocast():
+            hidden = self.modules["transformer"](
+                self._embed(self._inputs), self._embed(decoder_inputs), tgt_mask=causal_mask, tgt_is_causal=True
+            )
+            logits = self.modules["output"](hidden)
+            loss = self._loss(logits.flatten(0, 1), self._targets.flatten())
+        loss.backward()
+        self._optimizer.step()
+        return loss.detach()
