@@ -95,8 +95,15 @@ LINKS = (("the paper's Table 3 at the bundled corpus's scale", "[docs/ablations.
 
 
 def _machine(record: dict) -> str:
+    """The machine's kind; for a CPU, how busy it was where other work shared its cores."""
     machine = record["machine"]
-    return machine.get("accelerator") or f"{machine['cores']}-core {machine['cpu_model']} (`{machine['cpu_kind']}`)"
+    if machine.get("accelerator"):
+        return machine["accelerator"]
+    described = f"{machine['cores']}-core {machine['cpu_model']} (`{machine['cpu_kind']}`)"
+    load = record.get("load_average")
+    if load and max(load[:1]) > machine["cores"]:  # More runnable threads than cores when the run ended.
+        described += f", shared: load {load[0]:.1f}"
+    return described
 
 
 def table(results_dir: str = records.RESULTS_DIR) -> list[str]:
