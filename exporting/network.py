@@ -85,7 +85,7 @@ class Network:
 def _array(tree: Mapping[str, Any], *path: str) -> np.ndarray:
     for name in path:
         tree = tree[name]
-    return np.asarray(tree, dtype=np.float32)
+    return np.array(tree, dtype=np.float32)  # A writable host copy: engines quantize in place.
 
 
 def _norm(tree: Mapping[str, Any]) -> Norm:

@@ -7,14 +7,17 @@ CTranslate2 takes both. Where the exported network and ours disagree, one of the
 """
 
 import dataclasses
+import json
 import os
 
 import jax
 import numpy as np
 import pytest
+import sentencepiece as spm
 from conftest import WITHOUT_TENSORFLOW, run_entry_point
 
 from common.special_ids import BOS_ID, EOS_ID, PAD_ID
+from common.workdir import Workdir
 from input_pipeline.batching import RaggedIds
 from training import inference
 from training.tasks import translation, translation_eval
@@ -316,14 +319,17 @@ def translator(run):
     return ctranslate2.Translator(run.ctranslate2, device="cpu")
 
 
-def _pieces(ours: Ours) -> list[list[str]]:
-    return [ours.trained.tokenizer.encode(s, out_type=str) for s in ours.sentences]
+@pytest.fixture(scope="module")
+def pieces(run, ours) -> list[list[str]]:
+    """The sentences as the exported folder's own SentencePiece model splits them, nothing added."""
+    sp = spm.SentencePieceProcessor(model_file=os.path.join(run.ctranslate2, "sentencepiece.model"))
+    return [sp.encode(s, out_type=str) for s in ours.sentences]
 
 
-def test_ctranslate2_scores_equal_ours(translator, ours):
+def test_ctranslate2_scores_equal_ours(translator, pieces, ours):
     expected_ids = ours.translate_ids()
     sp = ours.trained.tokenizer
-    results = translator.score_batch(_pieces(ours), [[sp.id_to_piece(i) for i in ids] for ids in expected_ids])
+    results = translator.score_batch(pieces, [[sp.id_to_piece(i) for i in ids] for ids in expected_ids])
     sources = _padded(_with_eos([sp.encode(s) for s in ours.sentences]))
     targets = _padded(_with_eos(expected_ids))
     logits = ours.logits(sources, targets)
@@ -340,20 +346,61 @@ def test_ctranslate2_scores_equal_ours(translator, ours):
     assert difference <= tolerance
 
 
-def test_ctranslate2_greedy_translates_as_we_do(translator, ours):
-    results = translator.translate_batch(
-        _pieces(ours), beam_size=1, max_decoding_length=ours.config.eval.max_decode_length
-    )
+def test_ctranslate2_greedy_translates_as_we_do(translator, pieces, ours):
+    results = translator.translate_batch(pieces, beam_size=1, max_decoding_length=ours.config.eval.max_decode_length)
     sp = ours.trained.tokenizer
     assert [[sp.piece_to_id(p) for p in r.hypotheses[0]] for r in results] == ours.translate_ids()
 
 
-def test_ctranslate2_beam_search_with_the_runs_length_penalty_translates_as_we_do(translator, ours):
+def test_ctranslate2_beam_search_with_the_runs_length_penalty_translates_as_we_do(translator, pieces, ours):
     """CTranslate2's length penalty is GNMT's ((5 + length) / 6) ** alpha, as ours, <eos> counted in both."""
     alpha = ours.config.eval.length_penalty
     results = translator.translate_batch(
-        _pieces(ours), beam_size=4, length_penalty=alpha, max_decoding_length=ours.config.eval.max_decode_length
+        pieces, beam_size=4, length_penalty=alpha, max_decoding_length=ours.config.eval.max_decode_length
     )
     sp = ours.trained.tokenizer
     theirs = [[sp.piece_to_id(p) for p in r.hypotheses[0]] for r in results]
     _check_beam_results(ours, theirs, ours.translate_ids(beam_size=4), alpha, "ctranslate2")
+
+
+# --------------------------------------------------------------------------- #
+# The folders.
+# --------------------------------------------------------------------------- #
+
+
+def test_the_model_card_names_the_config_checkpoint_scores_and_command(run):
+    with open(Workdir(run.workdir).scores("test"), encoding="utf-8") as f:
+        scores = json.load(f)
+    for export_format in ("huggingface", "ctranslate2"):
+        output = getattr(run, export_format)
+        with open(os.path.join(output, "README.md"), encoding="utf-8") as f:
+            card = f.read()
+        assert "Training steps: 300; exported parameters: step 300" in card
+        assert f"| test | step 300 | greedy | {scores['bleu']:.2f} | {scores['chrf']:.2f} |" in card
+        assert scores["signature"].replace("|", "\\|") in card
+        assert f"python export.py --workdir={run.workdir} --format={export_format} --output={output}" in card
+        assert '"norm_placement": "' in card and '"num_train_steps": 300' in card
+
+
+def test_export_refuses_a_non_empty_output_unless_told_to_overwrite(run, tmp_path):
+    if "post" not in os.path.basename(run.workdir):
+        pytest.skip("One run is enough.")
+    output = tmp_path / "exported"
+    output.mkdir()
+    (output / "notes.txt").write_text("mine", encoding="utf-8")
+    args = ("export.py", f"--workdir={run.workdir}", "--format=ctranslate2", f"--output={output}")
+    refused = run_entry_point(*args)
+    assert refused.returncode == 2 and refused.stderr.strip().splitlines()[-1] == (
+        f"error: --output={output} exists and is not empty; pass --overwrite to replace it."
+    )
+    assert os.listdir(output) == ["notes.txt"]
+    replaced = run_entry_point(*args, "--overwrite", "--quantization=int8")
+    assert replaced.returncode == 0, replaced.stderr[-3000:]
+    assert sorted(os.listdir(output)) == [
+        "README.md",
+        "config.json",
+        "model.bin",
+        "sentencepiece.model",
+        "shared_vocabulary.json",
+    ]
+    assert sorted(os.listdir(tmp_path)) == ["exported"]
