@@ -36,7 +36,10 @@ def _write_ctranslate2(
     """Writes the CTranslate2 model and the SentencePiece model beside it; returns the spec's name."""
     from exporting import to_ctranslate2  # pylint: disable=g-import-not-at-top
 
-    spec = to_ctranslate2.transformer_spec_of(network, trained.tokenizer)
+    tokenizer = trained.tokenizer
+    spec = to_ctranslate2.transformer_spec_of(
+        network, [tokenizer.id_to_piece(i) for i in range(tokenizer.vocab_size())]
+    )
     to_ctranslate2.save(spec, staging, quantization)
     shutil.copyfile(Workdir(workdir).tokenizer, os.path.join(staging, "sentencepiece.model"))
     return f"CTranslate2 {spec.name}" + (f" ({quantization})" if quantization else "")

@@ -33,6 +33,10 @@ class Attention:
     key: np.ndarray  # [d_model, heads * d_k]
     value: np.ndarray  # [d_model, heads * d_v]
     output: np.ndarray  # [heads * d_v, d_model]
+    # 'relative' self-attention (Shaw et al.): a^K [2 * clip + 1, d_k] and a^V [2 * clip + 1, d_v] (zeros
+    # where only the keys have them), shared by the heads, indexed by clip(j - i, -clip, clip) + clip.
+    relative_keys: np.ndarray | None = None
+    relative_values: np.ndarray | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,7 +66,7 @@ class Stack:
     """The encoder or the decoder: embeddings, positions, layers and (pre-LN) the final LayerNorm."""
 
     embedding: np.ndarray  # [vocab, d_model], multiplied by sqrt(d_model) when looked up.
-    positions: np.ndarray  # [max_len, d_model], added after the scaled embeddings.
+    positions: np.ndarray | None  # [max_len, d_model], added after the scaled embeddings; None: 'relative'.
     layers: tuple[Layer, ...]
     final_norm: Norm | None  # Pre-LN only.
 
@@ -98,7 +102,19 @@ def _attention(tree: Mapping[str, Any]) -> Attention:
         return kernel.reshape(kernel.shape[0], -1)
 
     output = _array(tree, "output", "kernel")  # [heads, d_v, d_model]
-    return Attention(flat_in("query"), flat_in("key"), flat_in("value"), output.reshape(-1, output.shape[-1]))
+    relative = {}
+    if "relative_positions" in tree:
+        keys = _array(tree, "relative_positions", "key")
+        values = tree["relative_positions"].get("value")
+        relative = {
+            "relative_keys": keys,
+            "relative_values": np.zeros((keys.shape[0], output.shape[1]), np.float32)
+            if values is None
+            else np.array(values, np.float32),
+        }
+    return Attention(
+        flat_in("query"), flat_in("key"), flat_in("value"), output.reshape(-1, output.shape[-1]), **relative
+    )
 
 
 def _feed_forward(tree: Mapping[str, Any]) -> FeedForward:
@@ -128,17 +144,21 @@ def _layer(tree: Mapping[str, Any], *, decoder: bool) -> Layer:
     )
 
 
-def _positions(config: TransformerConfig, stack: Mapping[str, Any]) -> np.ndarray:
+def _positions(config: TransformerConfig, stack: Mapping[str, Any]) -> np.ndarray | None:
     if config.positional_encoding == "learned":
         return _array(stack, "position_embedding", "embedding")
-    return sinusoidal_positions(config.max_len, config.d_model)
+    if config.positional_encoding == "sinusoidal":
+        return sinusoidal_positions(config.max_len, config.d_model)
+    if config.positional_encoding == "relative":
+        return None  # Inside self-attention: `Attention.relative_keys`.
+    raise ValueError(f"No positions table for {config.positional_encoding!r} positions.")
 
 
 def network_from_params(config: TransformerConfig, params: Mapping[str, Any]) -> Network:
-    """The weights of a `models.Transformer` with sinusoidal or learned positions, as host arrays.
+    """The weights of a `models.Transformer` with sinusoidal, learned or relative positions, as host arrays.
 
     Args:
-        config: the model's config (`positional_encoding` 'sinusoidal' or 'learned').
+        config: the model's config (`positional_encoding` 'sinusoidal', 'learned' or 'relative').
         params: its parameter tree (the 'params' collection, unboxed; device arrays are fetched).
     """
     if config.tie_embeddings:

@@ -13,6 +13,11 @@ FORMATS = ("ctranslate2", "huggingface")
 QUANTIZATIONS = ("int8", "int8_float32", "float16", "bfloat16")
 
 
+# The positional encodings each format holds: added to the embeddings, and for CTranslate2 also Shaw et al.'s
+# relative positions (its `relative_position` attention; transformers' seq2seq classes have none).
+_POSITIONS = {"ctranslate2": ("sinusoidal", "learned", "relative"), "huggingface": ("sinusoidal", "learned")}
+
+
 def huggingface_architecture(config: ml_collections.ConfigDict) -> str:
     """The `transformers` class a translation model maps onto: 'marian' (post-LN) or 'blenderbot' (pre-LN).
 
@@ -33,10 +38,11 @@ def _unsupported(config: ml_collections.ConfigDict, export_format: str) -> str |
             f"config.task is {config.task!r}: the model is an encoder classifier, and {export_format} holds "
             "encoder-decoder translation models only"
         )
-    if model.positional_encoding not in ("sinusoidal", "learned"):
+    positions = _POSITIONS[export_format]
+    if model.positional_encoding not in positions:
         return (
             f"config.model.positional_encoding is {model.positional_encoding!r}: the {export_format} export "
-            "holds positions added to the embeddings only ('sinusoidal' or 'learned')"
+            f"holds {' or '.join(repr(p) for p in positions)} positions"
         )
     if model.key_dim and model.key_dim != model.d_model // model.num_heads:
         return (

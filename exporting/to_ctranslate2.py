@@ -6,6 +6,9 @@ How this project's Transformer maps onto it (models/transformer.py):
   - Token embeddings times sqrt(d_model) (`scale_embeddings`) plus the positions table,
     given explicitly (`position_encodings.encodings`): this project's interleaved sinusoids
     or its learned table, so no reordering is needed (CTranslate2's own sinusoids differ).
+    Relative positions (Shaw et al.) are CTranslate2's `relative_position_keys` and `_values`
+    of every self-attention: tables shared by the heads, clipped at (rows - 1) / 2, the values'
+    table zero where this project adds relative terms to the keys only.
   - The vocabulary is the SentencePiece pieces in id order. Sources get <eos> appended and
     no <bos> (`add_source_eos`), as `translate.py` encodes them; the decoder starts from
     <bos> (`decoder_start_token`).
@@ -14,8 +17,9 @@ How this project's Transformer maps onto it (models/transformer.py):
     the network, for every decoding method CTranslate2 offers.
 """
 
+from collections.abc import Sequence
+
 import numpy as np
-import sentencepiece as spm
 from ctranslate2.specs import common_spec, transformer_spec
 
 from common.special_ids import BOS_ID, EOS_ID, PAD_ID, UNK_ID
@@ -46,6 +50,9 @@ def _set_attention(spec, attention: Attention, norm: Norm, *, self_attention: bo
         _set_linear(spec.linear[0], attention.query)
         _set_linear(spec.linear[1], attention.key, attention.value)
     _set_linear(spec.linear[-1], attention.output)
+    if attention.relative_keys is not None:
+        spec.relative_position_keys = attention.relative_keys
+        spec.relative_position_values = attention.relative_values
 
 
 def _set_layer(spec, layer: Layer) -> None:
@@ -61,7 +68,8 @@ def _set_layer(spec, layer: Layer) -> None:
 def _set_stack(spec, stack: Stack, embeddings: common_spec.EmbeddingsSpec) -> None:
     embeddings.weight = stack.embedding
     spec.scale_embeddings = True
-    spec.position_encodings.encodings = stack.positions
+    if stack.positions is not None:
+        spec.position_encodings.encodings = stack.positions
     for layer_spec, layer in zip(spec.layer, stack.layers, strict=True):
         _set_layer(layer_spec, layer)
     if stack.final_norm is not None:
@@ -74,12 +82,13 @@ def _output_bias(vocab_size: int) -> np.ndarray:
     return bias
 
 
-def transformer_spec_of(network: Network, tokenizer: spm.SentencePieceProcessor) -> transformer_spec.TransformerSpec:
-    """The validated CTranslate2 spec of `network`, with the vocabulary of `tokenizer`."""
+def transformer_spec_of(network: Network, pieces: Sequence[str]) -> transformer_spec.TransformerSpec:
+    """The validated CTranslate2 spec of `network`, its vocabulary `pieces` (the SentencePiece pieces in id order)."""
     config = network.config
     spec = transformer_spec.TransformerSpec.from_config(
         (config.num_encoder_layers, config.num_decoder_layers),
         config.num_heads,
+        with_relative_position=config.positional_encoding == "relative",
         pre_norm=network.pre_norm,
         activation=common_spec.Activation.RELU,
     )
@@ -87,7 +96,6 @@ def transformer_spec_of(network: Network, tokenizer: spm.SentencePieceProcessor)
     _set_stack(spec.decoder, network.decoder, spec.decoder.embeddings)
     _set_linear(spec.decoder.projection, network.output_projection.T, bias=_output_bias(config.vocab_size))
 
-    pieces = [tokenizer.id_to_piece(i) for i in range(tokenizer.vocab_size())]
     spec.register_source_vocabulary(pieces)
     spec.register_target_vocabulary(pieces)
     spec.config.unk_token = pieces[UNK_ID]

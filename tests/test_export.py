@@ -15,11 +15,14 @@ from models.embeddings import sinusoidal_positions
 
 # What each Table 3 variant's model cannot be exported for: the config field the error names.
 _NOT_EXPORTABLE = {
-    "key_16": "config.model.key_dim",  # d_k != d_v: one head size in both engines.
-    "key_32": "config.model.key_dim",
-    "relative": "config.model.positional_encoding",  # Positions inside attention.
-    "relative_values": "config.model.positional_encoding",
-    "rotary": "config.model.positional_encoding",
+    ("key_16", "ctranslate2"): "config.model.key_dim",  # d_k != d_v: one head size in both engines.
+    ("key_16", "huggingface"): "config.model.key_dim",
+    ("key_32", "ctranslate2"): "config.model.key_dim",
+    ("key_32", "huggingface"): "config.model.key_dim",
+    ("relative", "huggingface"): "config.model.positional_encoding",  # transformers: no Shaw et al.
+    ("relative_values", "huggingface"): "config.model.positional_encoding",
+    ("rotary", "ctranslate2"): "config.model.positional_encoding",  # Not written yet (CTranslate2 has RoPE).
+    ("rotary", "huggingface"): "config.model.positional_encoding",
 }
 
 
@@ -27,7 +30,7 @@ _NOT_EXPORTABLE = {
 @pytest.mark.parametrize("variant", [variant.name for variant in table3.VARIANTS])
 def test_every_table3_translation_model_exports_or_names_the_field(variant, export_format):
     config = table3.get_config(variant)
-    field = _NOT_EXPORTABLE.get(variant)
+    field = _NOT_EXPORTABLE.get((variant, export_format))
     if field is None:
         support.check_exportable(config, export_format)
         return
@@ -143,8 +146,8 @@ def test_export_names_the_config_field_before_reading_a_checkpoint(tmp_path):
         result = run_entry_point("export.py", f"--workdir={workdir}", f"--format={export_format}", f"--output={output}")
         assert result.returncode == 2, result.stderr[-2000:]
         last = result.stderr.strip().splitlines()[-1]
-        assert last == (
+        assert last.startswith(
             f"error: Cannot export to {export_format}: config.model.positional_encoding is 'rotary': the "
-            f"{export_format} export holds positions added to the embeddings only ('sinusoidal' or 'learned')."
+            f"{export_format} export holds 'sinusoidal' or 'learned'"
         )
         assert "Traceback" not in result.stderr and not output.exists()

@@ -3,7 +3,8 @@
 Two tiny runs are trained through train.py and exported through export.py: the paper's post-LN
 with sinusoidal positions (Hugging Face: Marian, its sinusoids reordered) and pre-LN with learned
 positions (Hugging Face: Blenderbot, LayerNorm epsilon matched by scaling the residual stream).
-CTranslate2 takes both. Where the exported network and ours disagree, one of them is wrong.
+CTranslate2 takes both, and an untrained model with relative positions. Where the exported network
+and ours disagree, one of them is wrong.
 """
 
 import dataclasses
@@ -11,15 +12,18 @@ import functools
 import json
 import os
 
+import flax.linen as nn
 import jax
 import numpy as np
 import pytest
 import sentencepiece as spm
-from conftest import WITHOUT_TENSORFLOW, run_entry_point
+from conftest import TINY_MODEL, WITHOUT_TENSORFLOW, run_entry_point
 
 from common.special_ids import BOS_ID, EOS_ID, PAD_ID
 from common.workdir import Workdir
+from exporting.network import network_from_params
 from input_pipeline.batching import RaggedIds
+from models import Transformer
 from training import inference
 from training.tasks import translation, translation_eval
 
@@ -150,10 +154,15 @@ def _with_eos(rows: list[list[int]]) -> list[list[int]]:
 
 
 def _rounding_tolerance(config, source_length: int, largest_logit: float) -> float:
-    """SAFETY_FACTOR * sqrt(n) * u * max|logit|, n the summed lengths of the sums along the chain (see above)."""
-    model = config.model
-    per_layer = 4 * model.d_model + source_length + model.d_model + model.d_ff  # Encoder or decoder layer, ~.
-    n = 2 * model.num_layers * per_layer + model.d_model
+    """SAFETY_FACTOR * sqrt(n) * u * max|logit|, n the summed lengths of the sums along the chain (see above).
+
+    Args:
+        config: the `models.TransformerConfig`.
+        source_length: the longest source (attention sums over it).
+        largest_logit: max|logit|.
+    """
+    per_layer = 4 * config.d_model + source_length + config.d_model + config.d_ff  # Encoder or decoder layer, ~.
+    n = (config.num_encoder_layers + config.num_decoder_layers) * per_layer + config.d_model
     return SAFETY_FACTOR * np.sqrt(n) * UNIT_ROUNDOFF * largest_logit
 
 
@@ -209,7 +218,7 @@ def _compare_logits(tokenizer, model, ours: Ours) -> LogitComparison:
     return LogitComparison(
         difference=float(np.abs(theirs[..., generated] - expected[..., generated]).max()),
         largest=largest,
-        rounding_tolerance=_rounding_tolerance(ours.config, batch["input_ids"].shape[1], largest),
+        rounding_tolerance=_rounding_tolerance(ours.trained.model.config, batch["input_ids"].shape[1], largest),
         their_never_generated=theirs[..., [PAD_ID, BOS_ID]],
     )
 
@@ -364,7 +373,9 @@ def test_ctranslate2_scores_equal_ours(translator, pieces, ours):
         assert len(result.log_probs) == len(ids)  # One per target token, <eos> included.
         difference = max(difference, float(np.abs(np.asarray(result.log_probs) - expected).max()))
     # A log-probability is a logit minus log-sum-exp of the row: twice the logits' rounding at most.
-    tolerance = 2 * _rounding_tolerance(ours.config, sources.shape[1], float(np.abs(logits[logits > -1e8]).max()))
+    tolerance = 2 * _rounding_tolerance(
+        ours.trained.model.config, sources.shape[1], float(np.abs(logits[logits > -1e8]).max())
+    )
     print(f"ctranslate2: max |log-probability difference| {difference:.3g}, tolerance {tolerance:.3g}")
     assert difference <= tolerance
 
@@ -427,3 +438,48 @@ def test_export_refuses_a_non_empty_output_unless_told_to_overwrite(run, tmp_pat
         "shared_vocabulary.json",
     ]
     assert sorted(os.listdir(tmp_path)) == ["exported"]
+
+
+# --------------------------------------------------------------------------- #
+# CTranslate2 with relative positions: an untrained model, its logits alone.
+# --------------------------------------------------------------------------- #
+
+
+@pytest.mark.parametrize("relative_values", [False, True])
+def test_ctranslate2_relative_positions_score_as_ours(tmp_path, relative_values):
+    """Shaw et al.'s tables in every self-attention, over sequences longer than the clip (3)."""
+    from exporting import to_ctranslate2  # After importorskip: it imports ctranslate2.
+
+    config = dataclasses.replace(
+        TINY_MODEL,
+        vocab_size=40,
+        max_len=32,
+        norm_placement="pre",
+        positional_encoding="relative",
+        relative_clip=3,
+        relative_values=relative_values,
+    )
+    model = Transformer(config)
+    rng = np.random.default_rng(0)
+    sources = [list(rng.integers(4, config.vocab_size, length)) for length in (12, 5, 9)]
+    targets = [list(rng.integers(4, config.vocab_size, length)) for length in (4, 11, 7)]
+    params = nn.unbox(
+        model.init(jax.random.PRNGKey(0), _padded(sources), _padded(targets), deterministic=True)["params"]
+    )
+    pieces = ["<pad>", "<unk>", "<s>", "</s>"] + [f"w{i}" for i in range(4, config.vocab_size)]
+    to_ctranslate2.save(to_ctranslate2.transformer_spec_of(network_from_params(config, params), pieces), str(tmp_path))
+    results = ctranslate2.Translator(str(tmp_path)).score_batch(
+        [[pieces[i] for i in row] for row in sources], [[pieces[i] for i in row] for row in targets]
+    )
+    logits = np.array(_teacher_forced_logits(model, params, _padded(_with_eos(sources)), _padded(_with_eos(targets))))
+    logits[..., [PAD_ID, BOS_ID]] = -1e9
+    log_probs = np.asarray(jax.nn.log_softmax(logits))
+    difference = max(
+        float(np.abs(np.asarray(result.log_probs) - log_probs[row, np.arange(len(ids)), ids]).max())
+        for row, (result, ids) in enumerate(zip(results, _with_eos(targets)))
+    )
+    tolerance = 2 * _rounding_tolerance(config, 13, float(np.abs(logits[logits > -1e8]).max()))
+    print(
+        f"ctranslate2, relative positions: max |log-probability difference| {difference:.3g}, tolerance {tolerance:.3g}"
+    )
+    assert difference <= tolerance
