@@ -66,7 +66,7 @@ class Stack:
     """The encoder or the decoder: embeddings, positions, layers and (pre-LN) the final LayerNorm."""
 
     embedding: np.ndarray  # [vocab, d_model], multiplied by sqrt(d_model) when looked up.
-    positions: np.ndarray | None  # [max_len, d_model], added after the scaled embeddings; None: 'relative'.
+    positions: np.ndarray | None  # [max_len, d_model], added after the scaled embeddings; None: in attention.
     layers: tuple[Layer, ...]
     final_norm: Norm | None  # Pre-LN only.
 
@@ -149,16 +149,16 @@ def _positions(config: TransformerConfig, stack: Mapping[str, Any]) -> np.ndarra
         return _array(stack, "position_embedding", "embedding")
     if config.positional_encoding == "sinusoidal":
         return sinusoidal_positions(config.max_len, config.d_model)
-    if config.positional_encoding == "relative":
-        return None  # Inside self-attention: `Attention.relative_keys`.
+    if config.positional_encoding in ("relative", "rotary"):
+        return None  # Inside self-attention: `Attention.relative_keys`, or rotated queries and keys.
     raise ValueError(f"No positions table for {config.positional_encoding!r} positions.")
 
 
 def network_from_params(config: TransformerConfig, params: Mapping[str, Any]) -> Network:
-    """The weights of a `models.Transformer` with sinusoidal, learned or relative positions, as host arrays.
+    """The weights of a `models.Transformer`, as host arrays.
 
     Args:
-        config: the model's config (`positional_encoding` 'sinusoidal', 'learned' or 'relative').
+        config: the model's config.
         params: its parameter tree (the 'params' collection, unboxed; device arrays are fetched).
     """
     if config.tie_embeddings:

@@ -14,8 +14,11 @@ QUANTIZATIONS = ("int8", "int8_float32", "float16", "bfloat16")
 
 
 # The positional encodings each format holds: added to the embeddings, and for CTranslate2 also Shaw et al.'s
-# relative positions (its `relative_position` attention; transformers' seq2seq classes have none).
-_POSITIONS = {"ctranslate2": ("sinusoidal", "learned", "relative"), "huggingface": ("sinusoidal", "learned")}
+# relative positions and rotary ones, in its attention (transformers' seq2seq classes have neither).
+_POSITIONS = {
+    "ctranslate2": ("sinusoidal", "learned", "relative", "rotary"),
+    "huggingface": ("sinusoidal", "learned"),
+}
 
 
 def huggingface_architecture(config: ml_collections.ConfigDict) -> str:

@@ -8,7 +8,8 @@ How this project's Transformer maps onto it (models/transformer.py):
     or its learned table, so no reordering is needed (CTranslate2's own sinusoids differ).
     Relative positions (Shaw et al.) are CTranslate2's `relative_position_keys` and `_values`
     of every self-attention: tables shared by the heads, clipped at (rows - 1) / 2, the values'
-    table zero where this project adds relative terms to the keys only.
+    table zero where this project adds relative terms to the keys only. Rotary positions are its
+    `rotary_dim` 0 (every unit), interleaved pairs, base 10,000, in every self-attention.
   - The vocabulary is the SentencePiece pieces in id order. Sources get <eos> appended and
     no <bos> (`add_source_eos`), as `translate.py` encodes them; the decoder starts from
     <bos> (`decoder_start_token`).
@@ -24,6 +25,7 @@ from ctranslate2.specs import common_spec, transformer_spec
 
 from common.special_ids import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 from exporting.network import Attention, Layer, Network, Norm, Stack
+from models.positions import ROTARY_BASE
 
 PROJECT_LAYER_NORM_EPSILON = 1e-6  # models/layers.py `layer_norm`.
 NEVER_GENERATED_BIAS = -1.0e9  # models/search.py NEG_INF, for <pad> and <bos>.
@@ -65,11 +67,15 @@ def _set_layer(spec, layer: Layer) -> None:
     _set_linear(spec.ffn.linear_1, ff.output, bias=ff.output_bias)
 
 
-def _set_stack(spec, stack: Stack, embeddings: common_spec.EmbeddingsSpec) -> None:
+def _set_stack(spec, stack: Stack, embeddings: common_spec.EmbeddingsSpec, max_len: int) -> None:
     embeddings.weight = stack.embedding
     spec.scale_embeddings = True
     if stack.positions is not None:
         spec.position_encodings.encodings = stack.positions
+    elif hasattr(spec, "position_encodings"):
+        # Rotary positions: CTranslate2's encoder keeps a positions layer, which would add sinusoids of its
+        # own; a table of zeros adds nothing.
+        spec.position_encodings.encodings = np.zeros((max_len, stack.embedding.shape[1]), np.float32)
     for layer_spec, layer in zip(spec.layer, stack.layers, strict=True):
         _set_layer(layer_spec, layer)
     if stack.final_norm is not None:
@@ -85,15 +91,21 @@ def _output_bias(vocab_size: int) -> np.ndarray:
 def transformer_spec_of(network: Network, pieces: Sequence[str]) -> transformer_spec.TransformerSpec:
     """The validated CTranslate2 spec of `network`, its vocabulary `pieces` (the SentencePiece pieces in id order)."""
     config = network.config
-    spec = transformer_spec.TransformerSpec.from_config(
-        (config.num_encoder_layers, config.num_decoder_layers),
-        config.num_heads,
-        with_relative_position=config.positional_encoding == "relative",
-        pre_norm=network.pre_norm,
-        activation=common_spec.Activation.RELU,
+    options = {
+        "pre_norm": network.pre_norm,
+        "activation": common_spec.Activation.RELU,
+        "relative_position": config.positional_encoding == "relative",
+        # Every unit of each head rotated in interleaved pairs, as models/positions.py `rotate`.
+        "rotary_dim": 0 if config.positional_encoding == "rotary" else None,
+        "rotary_interleave": True,
+        "rotary_base": ROTARY_BASE,
+    }
+    spec = transformer_spec.TransformerSpec(
+        transformer_spec.TransformerEncoderSpec(config.num_encoder_layers, config.num_heads, **options),
+        transformer_spec.TransformerDecoderSpec(config.num_decoder_layers, config.num_heads, **options),
     )
-    _set_stack(spec.encoder, network.encoder, spec.encoder.embeddings[0])
-    _set_stack(spec.decoder, network.decoder, spec.decoder.embeddings)
+    _set_stack(spec.encoder, network.encoder, spec.encoder.embeddings[0], config.max_len)
+    _set_stack(spec.decoder, network.decoder, spec.decoder.embeddings, config.max_len)
     _set_linear(spec.decoder.projection, network.output_projection.T, bias=_output_bias(config.vocab_size))
 
     spec.register_source_vocabulary(pieces)

@@ -3,7 +3,7 @@
 Two tiny runs are trained through train.py and exported through export.py: the paper's post-LN
 with sinusoidal positions (Hugging Face: Marian, its sinusoids reordered) and pre-LN with learned
 positions (Hugging Face: Blenderbot, LayerNorm epsilon matched by scaling the residual stream).
-CTranslate2 takes both, and an untrained model with relative positions. Where the exported network
+CTranslate2 takes both, and untrained models with relative or rotary positions. Where the exported network
 and ours disagree, one of them is wrong.
 """
 
@@ -24,6 +24,8 @@ from common.workdir import Workdir
 from exporting.network import network_from_params
 from input_pipeline.batching import RaggedIds
 from models import Transformer
+from models.decoding import generate
+from models.search import argmax_token
 from training import inference
 from training.tasks import translation, translation_eval
 
@@ -441,13 +443,21 @@ def test_export_refuses_a_non_empty_output_unless_told_to_overwrite(run, tmp_pat
 
 
 # --------------------------------------------------------------------------- #
-# CTranslate2 with relative positions: an untrained model, its logits alone.
+# CTranslate2 with relative or rotary positions: untrained models, their logits alone.
 # --------------------------------------------------------------------------- #
 
 
-@pytest.mark.parametrize("relative_values", [False, True])
-def test_ctranslate2_relative_positions_score_as_ours(tmp_path, relative_values):
-    """Shaw et al.'s tables in every self-attention, over sequences longer than the clip (3)."""
+@pytest.mark.parametrize(
+    "positions",
+    [
+        {"positional_encoding": "relative"},
+        {"positional_encoding": "relative", "relative_values": True},
+        {"positional_encoding": "rotary"},
+    ],
+    ids=["relative_keys", "relative_keys_and_values", "rotary"],
+)
+def test_ctranslate2_positions_inside_attention_score_as_ours(tmp_path, positions):
+    """Shaw et al.'s tables (over sequences longer than the clip, 3) or rotations in every self-attention."""
     from exporting import to_ctranslate2  # After importorskip: it imports ctranslate2.
 
     config = dataclasses.replace(
@@ -455,9 +465,8 @@ def test_ctranslate2_relative_positions_score_as_ours(tmp_path, relative_values)
         vocab_size=40,
         max_len=32,
         norm_placement="pre",
-        positional_encoding="relative",
         relative_clip=3,
-        relative_values=relative_values,
+        **positions,
     )
     model = Transformer(config)
     rng = np.random.default_rng(0)
@@ -468,9 +477,9 @@ def test_ctranslate2_relative_positions_score_as_ours(tmp_path, relative_values)
     )
     pieces = ["<pad>", "<unk>", "<s>", "</s>"] + [f"w{i}" for i in range(4, config.vocab_size)]
     to_ctranslate2.save(to_ctranslate2.transformer_spec_of(network_from_params(config, params), pieces), str(tmp_path))
-    results = ctranslate2.Translator(str(tmp_path)).score_batch(
-        [[pieces[i] for i in row] for row in sources], [[pieces[i] for i in row] for row in targets]
-    )
+    translator = ctranslate2.Translator(str(tmp_path))
+    source_pieces = [[pieces[i] for i in row] for row in sources]
+    results = translator.score_batch(source_pieces, [[pieces[i] for i in row] for row in targets])
     logits = np.array(_teacher_forced_logits(model, params, _padded(_with_eos(sources)), _padded(_with_eos(targets))))
     logits[..., [PAD_ID, BOS_ID]] = -1e9
     log_probs = np.asarray(jax.nn.log_softmax(logits))
@@ -479,7 +488,21 @@ def test_ctranslate2_relative_positions_score_as_ours(tmp_path, relative_values)
         for row, (result, ids) in enumerate(zip(results, _with_eos(targets)))
     )
     tolerance = 2 * _rounding_tolerance(config, 13, float(np.abs(logits[logits > -1e8]).max()))
-    print(
-        f"ctranslate2, relative positions: max |log-probability difference| {difference:.3g}, tolerance {tolerance:.3g}"
-    )
+    print(f"ctranslate2, {positions}: max |log-probability difference| {difference:.3g}, tolerance {tolerance:.3g}")
     assert difference <= tolerance
+    # Greedy decoding runs the decoder a position at a time on cached keys (rotated ones, with rotary).
+    ours = generate(
+        params,
+        _padded(_with_eos(sources)),
+        model=model,
+        choose_token=argmax_token,
+        max_length=12,
+        bos_id=BOS_ID,
+        eos_id=EOS_ID,
+        pad_id=PAD_ID,
+    )
+    theirs = translator.translate_batch(source_pieces, beam_size=1, max_decoding_length=12)
+    assert all(len(r.hypotheses[0]) >= 3 for r in theirs)  # Long enough to see positions 0, 1, 2, ...
+    assert [[pieces.index(p) for p in r.hypotheses[0]] for r in theirs] == [
+        _generated_ids([BOS_ID, *row]) for row in np.asarray(ours).tolist()
+    ]
