@@ -443,30 +443,29 @@ def test_export_refuses_a_non_empty_output_unless_told_to_overwrite(run, tmp_pat
 
 
 # --------------------------------------------------------------------------- #
-# CTranslate2 with relative or rotary positions: untrained models, their logits alone.
+# CTranslate2 with what only it holds (relative or rotary positions, untied embeddings): untrained models.
 # --------------------------------------------------------------------------- #
 
 
 @pytest.mark.parametrize(
-    "positions",
+    "fields",
     [
         {"positional_encoding": "relative"},
         {"positional_encoding": "relative", "relative_values": True},
         {"positional_encoding": "rotary"},
+        {"positional_encoding": "sinusoidal", "norm_placement": "post", "tie_embeddings": False},
     ],
-    ids=["relative_keys", "relative_keys_and_values", "rotary"],
+    ids=["relative_keys", "relative_keys_and_values", "rotary", "untied_embeddings"],
 )
-def test_ctranslate2_positions_inside_attention_score_as_ours(tmp_path, positions):
-    """Shaw et al.'s tables (over sequences longer than the clip, 3) or rotations in every self-attention."""
+def test_ctranslate2_untrained_models_score_and_decode_as_ours(tmp_path, fields):
+    """Shaw et al.'s tables (over sequences longer than the clip, 3) or rotations in every self-attention.
+
+    And untied embeddings: source, target and output matrices of their own, which only CTranslate2 holds.
+    """
     from exporting import to_ctranslate2  # After importorskip: it imports ctranslate2.
 
     config = dataclasses.replace(
-        TINY_MODEL,
-        vocab_size=40,
-        max_len=32,
-        norm_placement="pre",
-        relative_clip=3,
-        **positions,
+        TINY_MODEL, **{"vocab_size": 40, "max_len": 32, "norm_placement": "pre", "relative_clip": 3, **fields}
     )
     model = Transformer(config)
     rng = np.random.default_rng(0)
@@ -488,7 +487,7 @@ def test_ctranslate2_positions_inside_attention_score_as_ours(tmp_path, position
         for row, (result, ids) in enumerate(zip(results, _with_eos(targets)))
     )
     tolerance = 2 * _rounding_tolerance(config, 13, float(np.abs(logits[logits > -1e8]).max()))
-    print(f"ctranslate2, {positions}: max |log-probability difference| {difference:.3g}, tolerance {tolerance:.3g}")
+    print(f"ctranslate2, {fields}: max |log-probability difference| {difference:.3g}, tolerance {tolerance:.3g}")
     assert difference <= tolerance
     # Greedy decoding runs the decoder a position at a time on cached keys (rotated ones, with rotary).
     ours = generate(
