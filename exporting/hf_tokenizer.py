@@ -46,13 +46,15 @@ def huggingface_tokenizer(sentencepiece: spm.SentencePieceProcessor, max_length:
         max_length: the longest input the model takes (its positions table), in ids.
     """
     proto = sentencepiece_model_pb2.ModelProto.FromString(sentencepiece.serialized_model_proto())
-    piece = lambda i: proto.pieces[i].piece  # noqa: E731
+    special = {
+        name: proto.pieces[i].piece for name, i in (("pad", PAD_ID), ("unk", UNK_ID), ("bos", BOS_ID), ("eos", EOS_ID))
+    }
     return PreTrainedTokenizerFast(
         tokenizer_object=_tokenizer(proto),
-        pad_token=piece(PAD_ID),
-        unk_token=piece(UNK_ID),
-        bos_token=piece(BOS_ID),
-        eos_token=piece(EOS_ID),
+        pad_token=special["pad"],
+        unk_token=special["unk"],
+        bos_token=special["bos"],
+        eos_token=special["eos"],
         model_max_length=max_length,
         padding_side="right",
     )

@@ -6,7 +6,7 @@ as the run's config.eval says (generation_config.json).
 
 How this project's Transformer maps onto them (models/transformer.py):
   - Both scale the tied token embedding by sqrt(d_model) (`scale_embedding`), add positions
-    counted from 0, use ReLU, biases-free projections (stored as zero biases), and start the
+    counted from 0, use ReLU and attention projections without biases (stored as zeros), and start the
     decoder from <bos> (`decoder_start_token_id`).
   - Marian computes the paper's sinusoids with sines in the first half of the units and
     cosines in the second, where this project interleaves them: the whole network is
@@ -20,8 +20,8 @@ How this project's Transformer maps onto them (models/transformer.py):
     setting for it. For pre-LN, every LayerNorm input is scaled by sqrt(10) (`_scaled_stream`),
     which makes epsilon 1e-5 act as 1e-6: exact. For post-LN the first sub-layer's input is
     the embedding plus Marian's own sinusoids, which cannot be scaled: the LayerNorms there
-    differ from this project's by ~(1e-5 - 1e-6) / (2 var) relatively, far below the
-    difference between two tokens' logits.
+    differ from this project's by at most (1e-5 - 1e-6) / (2 var) relatively for inputs of
+    variance var (tests/test_export_parity.py bounds the logits' difference by it).
 """
 
 import dataclasses
