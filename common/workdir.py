@@ -91,9 +91,14 @@ class Workdir:
         """JSON lines of the scalars logged as `name` ('train', 'valid')."""
         return self._path("metrics", f"{name}.jsonl")
 
+    @property
+    def evaluations(self) -> str:
+        """The folder of every evaluated split's folder."""
+        return self._path("eval")
+
     def evaluation(self, split: str) -> str:
         """What evaluating `split` writes: its scores, outputs and figures."""
-        return self._path("eval", split)
+        return os.path.join(self.evaluations, split)
 
     def scores(self, split: str) -> str:
         """The scores of the latest evaluation of `split`."""

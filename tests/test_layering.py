@@ -1,4 +1,4 @@
-"""The architecture's arrows: entry points -> sweeps -> training -> models, input_pipeline -> common; configs are data.
+"""The arrows: entry points -> sweeps, exporting -> training -> models, input_pipeline -> common; configs are data.
 
 Inside `training/`, its parts form layers too: runtime and reporting at the bottom, then the
 core (state, optimizer, losses, steps), checkpoints, tasks, loading a trained model, and the
@@ -14,8 +14,8 @@ import sys
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-PACKAGES = ("common", "configs", "models", "input_pipeline", "training", "sweeps")
-ENTRY_POINTS = ("train", "translate", "classify", "sweep")
+PACKAGES = ("common", "configs", "models", "input_pipeline", "training", "sweeps", "exporting")
+ENTRY_POINTS = ("train", "translate", "classify", "sweep", "export")
 
 # Each part of the project and the parts below it that it may import (besides itself).
 _BELOW = {
@@ -59,6 +59,8 @@ _BELOW = {
     # The sweep runner starts train.py processes and reads what they write: no JAX.
     "sweeps": {"common", "configs", "training.reporting"},
 }
+# Export reads a trained run as translate.py does (training.inference) and writes it for other engines.
+_BELOW["exporting"] = _BELOW["training.inference"] | {"training.inference"}
 _TRAINING_PARTS = ("runtime", "reporting", "checkpoints", "tasks", "inference", "loop")
 
 

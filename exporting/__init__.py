@@ -1,0 +1,1 @@
+"""Trained translation models written out for other engines: Hugging Face `transformers` and CTranslate2."""

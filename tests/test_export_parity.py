@@ -1,0 +1,507 @@
+"""Exported models against this project's: the same logits, the same translations, the same token ids.
+
+Two tiny runs are trained through train.py and exported through export.py: the paper's post-LN
+with sinusoidal positions (Hugging Face: Marian, its sinusoids reordered) and pre-LN with learned
+positions (Hugging Face: Blenderbot, LayerNorm epsilon matched by scaling the residual stream).
+CTranslate2 takes both, and untrained models with relative or rotary positions. Where the exported network
+and ours disagree, one of them is wrong.
+"""
+
+import dataclasses
+import functools
+import json
+import os
+
+import flax.linen as nn
+import jax
+import numpy as np
+import pytest
+import sentencepiece as spm
+from conftest import TINY_MODEL, WITHOUT_TENSORFLOW, run_entry_point
+
+from common.special_ids import BOS_ID, EOS_ID, PAD_ID
+from common.workdir import Workdir
+from exporting.network import network_from_params
+from input_pipeline.batching import RaggedIds
+from models import Transformer
+from models.decoding import generate
+from models.search import argmax_token
+from training import inference
+from training.tasks import translation, translation_eval
+
+ctranslate2 = pytest.importorskip("ctranslate2")
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+pytestmark = pytest.mark.slow
+
+# float32's unit roundoff.
+UNIT_ROUNDOFF = 2.0**-24
+# Each logit is the end of a chain of float32 sums, which two implementations order differently. With
+# rounding errors that behave like independent ones, a sum of n terms is off by ~sqrt(n) * u relative
+# to the sum of its terms' sizes; along the chain the lengths add up: per layer the projections
+# (d_model terms each), attention (src_len), the feed-forward layer (d_model, then d_ff), then the
+# output layer (d_model). LayerNorm and softmax pass relative errors on with factors of order 1 (the
+# trained weights have norms of order 1), so the difference of two correct implementations stays
+# within a small multiple of sqrt(n) * u * max|logit|; SAFETY_FACTOR is that multiple (8: the
+# random-walk estimate's ~3-sigma spread times the factors above), far below the logit gaps that
+# change a decoded token.
+SAFETY_FACTOR = 8.0
+
+SENTENCES = 12  # Test sentences compared, the first ones short enough not to be cut (32 subwords).
+
+
+@dataclasses.dataclass(frozen=True)
+class Exported:
+    """A trained run and its two exports."""
+
+    workdir: str
+    huggingface: str
+    ctranslate2: str
+
+
+def _train_and_export(root, corpus: str, name: str, *overrides: str) -> Exported:
+    workdir = str(root / name)
+    trained = run_entry_point(
+        WITHOUT_TENSORFLOW,
+        "train.py",
+        "--config=configs/tiny.py",
+        f"--workdir={workdir}",
+        f"--config.dataset.path={corpus}",
+        # Enough steps of a faster schedule that the outputs are words, not one repeated token.
+        "--config.num_train_steps=300",
+        "--config.checkpoint_every_steps=300",
+        "--config.eval_every_steps=1000",  # No validation: the test split's evaluation at the end suffices.
+        "--config.model.num_layers=2",
+        "--config.model.dropout_rate=0",
+        "--config.optimizer.peak_learning_rate=3e-3",
+        "--config.optimizer.warmup_steps=50",
+        *overrides,
+    )
+    assert trained.returncode == 0, trained.stderr[-3000:]
+    folders = {}
+    for export_format in ("huggingface", "ctranslate2"):
+        folders[export_format] = str(root / f"{name}_{export_format}")
+        exported = run_entry_point(
+            "export.py", f"--workdir={workdir}", f"--format={export_format}", f"--output={folders[export_format]}"
+        )
+        assert exported.returncode == 0, exported.stderr[-3000:]
+    return Exported(workdir, **folders)
+
+
+@pytest.fixture(scope="module", params=["post_sinusoidal", "pre_learned"])
+def run(request, small_corpus, tmp_path_factory) -> Exported:
+    overrides = {
+        "post_sinusoidal": ("--config.model.norm_placement=post", "--config.model.positional_encoding=sinusoidal"),
+        "pre_learned": ("--config.model.norm_placement=pre", "--config.model.positional_encoding=learned"),
+    }[request.param]
+    return _train_and_export(tmp_path_factory.mktemp("export"), small_corpus, request.param, *overrides)
+
+
+@dataclasses.dataclass(frozen=True)
+class Ours:
+    """This project's side: the trained model, its decoding setups and the test sentences."""
+
+    config: object
+    trained: inference.TrainedModel
+    sentences: list[str]
+    # Translations by (beam_size, length_penalty): each decoding compiles anew, so each runs once.
+    translations: dict = dataclasses.field(default_factory=dict)
+
+    def translate_ids(self, beam_size: int = 1, length_penalty: float | None = None) -> list[list[int]]:
+        """Our translations' ids (without <eos>), decoded as translate.py decodes: greedy or beam search."""
+        key = (beam_size, length_penalty)
+        if key not in self.translations:
+            self.translations[key] = self._translate_ids(beam_size, length_penalty)
+        return self.translations[key]
+
+    def _translate_ids(self, beam_size: int, length_penalty: float | None) -> list[list[int]]:
+        config = self.config.copy_and_resolve_references()
+        config.eval.beam_size = beam_size
+        if length_penalty is not None:
+            config.eval.length_penalty = length_penalty
+        setup = translation.eval_setup(config, self.trained.model, self.trained.tokenizer, self.trained.mesh)
+        sources = [self.trained.tokenizer.encode(s) + [EOS_ID] for s in self.sentences]
+        return translation_eval.translate_ids(setup, self.trained.params, RaggedIds.from_lists(sources))
+
+    def logits(self, sources: np.ndarray, targets: np.ndarray) -> np.ndarray:
+        """Teacher-forced float32 logits [batch, tgt_len, vocab] of padded id batches."""
+        return np.array(_teacher_forced_logits(self.trained.model, self.trained.params, sources, targets))
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _teacher_forced_logits(model, params, sources, targets):
+    return model.apply({"params": params}, sources, targets, deterministic=True)
+
+
+@pytest.fixture(scope="module")
+def ours(run) -> Ours:
+    config = inference.load_config(run.workdir)
+    trained = inference.load_trained_model(config, run.workdir)
+    with open(os.path.join(config.dataset.path, "test.en"), encoding="utf-8") as f:
+        lines = [line.strip() for line in f]
+    short = [line for line in lines if line and len(trained.tokenizer.encode(line)) < config.dataset.max_length]
+    return Ours(config, trained, short[:SENTENCES])
+
+
+def _padded(rows: list[list[int]]) -> np.ndarray:
+    batch = np.full((len(rows), max(map(len, rows))), PAD_ID, np.int32)
+    for i, row in enumerate(rows):
+        batch[i, : len(row)] = row
+    return batch
+
+
+def _with_eos(rows: list[list[int]]) -> list[list[int]]:
+    return [row + [EOS_ID] for row in rows]
+
+
+def _rounding_tolerance(config, source_length: int, largest_logit: float) -> float:
+    """SAFETY_FACTOR * sqrt(n) * u * max|logit|, n the summed lengths of the sums along the chain (see above).
+
+    Args:
+        config: the `models.TransformerConfig`.
+        source_length: the longest source (attention sums over it).
+        largest_logit: max|logit|.
+    """
+    per_layer = 4 * config.d_model + source_length + config.d_model + config.d_ff  # Encoder or decoder layer, ~.
+    n = (config.num_encoder_layers + config.num_decoder_layers) * per_layer + config.d_model
+    return SAFETY_FACTOR * np.sqrt(n) * UNIT_ROUNDOFF * largest_logit
+
+
+def _generated_ids(row) -> list[int]:
+    """Ids after the decoder's start token, up to (not including) the first <eos>."""
+    ids = [int(i) for i in row[1:]]
+    return ids[: ids.index(EOS_ID)] if EOS_ID in ids else [i for i in ids if i != PAD_ID]
+
+
+# --------------------------------------------------------------------------- #
+# Hugging Face.
+# --------------------------------------------------------------------------- #
+
+
+@pytest.fixture(scope="module")
+def hf(run):
+    os.environ["HF_HUB_OFFLINE"] = "1"  # The folder alone: nothing may come from the Hub.
+    tokenizer = transformers.AutoTokenizer.from_pretrained(run.huggingface)
+    model = transformers.AutoModelForSeq2SeqLM.from_pretrained(run.huggingface).eval()
+    return tokenizer, model
+
+
+def test_huggingface_tokenizer_gives_this_projects_ids(hf, ours):
+    tokenizer, _ = hf
+    batch = tokenizer(ours.sentences, padding=True)
+    expected = _with_eos([ours.trained.tokenizer.encode(s) for s in ours.sentences])
+    assert batch["input_ids"] == [row + [PAD_ID] * (len(batch["input_ids"][0]) - len(row)) for row in expected]
+    assert tokenizer.pad_token_id == PAD_ID and tokenizer.eos_token_id == EOS_ID and tokenizer.bos_token_id == BOS_ID
+    for sentence, row in zip(ours.sentences, expected):
+        assert tokenizer.decode(row, skip_special_tokens=True) == ours.trained.tokenizer.decode(row[:-1])
+
+
+@dataclasses.dataclass(frozen=True)
+class LogitComparison:
+    """Ours and the exported model's teacher-forced logits on our greedy translations, a padded batch."""
+
+    difference: float  # max |theirs - ours| over the ids the decoders may generate.
+    largest: float  # max |ours|.
+    rounding_tolerance: float
+    their_never_generated: np.ndarray  # Their logits of <pad> and <bos>.
+
+
+def _compare_logits(tokenizer, model, ours: Ours) -> LogitComparison:
+    sources = _with_eos([ours.trained.tokenizer.encode(s) for s in ours.sentences])
+    targets = _padded(_with_eos(ours.translate_ids()))
+    decoder_inputs = np.concatenate([np.full((len(targets), 1), BOS_ID), targets[:, :-1]], axis=1)
+    batch = tokenizer(ours.sentences, padding=True, return_tensors="pt")
+    with torch.no_grad():
+        theirs = model(**batch, decoder_input_ids=torch.from_numpy(decoder_inputs).long()).logits.numpy()
+    expected = ours.logits(_padded(sources), targets)
+    generated = np.setdiff1d(np.arange(expected.shape[-1]), [PAD_ID, BOS_ID])  # The exports add -1e9 to these.
+    largest = float(np.abs(expected).max())
+    return LogitComparison(
+        difference=float(np.abs(theirs[..., generated] - expected[..., generated]).max()),
+        largest=largest,
+        rounding_tolerance=_rounding_tolerance(ours.trained.model.config, batch["input_ids"].shape[1], largest),
+        their_never_generated=theirs[..., [PAD_ID, BOS_ID]],
+    )
+
+
+def _layer_norms(model) -> list:
+    return [module for module in model.modules() if isinstance(module, torch.nn.LayerNorm)]
+
+
+def _smallest_layer_norm_input_variance(tokenizer, model, ours: Ours) -> float:
+    """The smallest variance of any row a LayerNorm of `model` normalises when translating the sentences."""
+    smallest = []
+    hooks = [
+        norm.register_forward_pre_hook(lambda _, args: smallest.append(float(args[0].var(-1, unbiased=False).min())))
+        for norm in _layer_norms(model)
+    ]
+    try:
+        _compare_logits(tokenizer, model, ours)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return min(smallest)
+
+
+def test_huggingface_logits_equal_ours(hf, ours):
+    tokenizer, model = hf
+    comparison = _compare_logits(tokenizer, model, ours)
+    tolerance = comparison.rounding_tolerance
+    if ours.config.model.norm_placement == "post":
+        # Marian's LayerNorms use epsilon 1e-5, ours 1e-6 (exporting/to_huggingface.py): each normalised
+        # row is off by 1 - sqrt((v + 1e-6) / (v + 1e-5)) <= (1e-5 - 1e-6) / (2 v) relative, for rows of
+        # variance v; the logits by at most that for each LayerNorm on the way, times max|logit|.
+        variance = _smallest_layer_norm_input_variance(tokenizer, model, ours)
+        tolerance += len(_layer_norms(model)) * (1e-5 - 1e-6) / (2 * variance) * comparison.largest
+    print(
+        f"huggingface: max |logit difference| {comparison.difference:.3g}, tolerance {tolerance:.3g}, "
+        f"max |logit| {comparison.largest:.3g}"
+    )
+    assert comparison.difference <= tolerance
+    assert np.all(comparison.their_never_generated < -1e8)  # Never generated, as in models/search.py.
+
+
+def test_huggingface_network_is_ours_exactly_with_our_layer_norm_epsilon(hf, ours):
+    """With its LayerNorms set to this project's epsilon the exported network is ours up to rounding alone."""
+    tokenizer, model = hf
+    if ours.config.model.norm_placement == "pre":
+        pytest.skip("The pre-LN export already matches epsilon by scaling (see test_huggingface_logits_equal_ours).")
+    for norm in _layer_norms(model):
+        norm.eps = 1e-6
+    try:
+        comparison = _compare_logits(tokenizer, model, ours)
+    finally:
+        for norm in _layer_norms(model):
+            norm.eps = 1e-5
+    print(
+        f"huggingface, epsilon 1e-6: max |logit difference| {comparison.difference:.3g}, "
+        f"tolerance {comparison.rounding_tolerance:.3g}"
+    )
+    assert comparison.difference <= comparison.rounding_tolerance
+
+
+def test_huggingface_greedy_generate_translates_as_we_do(hf, ours):
+    tokenizer, model = hf
+    with torch.no_grad():
+        output = model.generate(**tokenizer(ours.sentences, return_tensors="pt", padding=True), num_beams=1)
+    theirs = [_generated_ids(row) for row in output.tolist()]
+    expected = ours.translate_ids()
+    assert sum(len(ids) > 0 for ids in expected) >= len(expected) // 2, "the model translates to nothing"
+    assert theirs == expected
+    # transformers 5 has no "translation" pipeline any more (it points to chat models): decoding is the user's step.
+    # Text: SentencePiece drops every leading space of an output that starts with lone "▁" pieces, the
+    # tokenizers library's Metaspace decoder one; the ids above are the same.
+    texts = [text.lstrip() for text in tokenizer.batch_decode(output, skip_special_tokens=True)]
+    assert texts == [ours.trained.tokenizer.decode(ids) for ids in expected]
+
+
+def _scores(ours: Ours, rows: list[int], hypotheses: list[list[int]], alpha: float) -> np.ndarray:
+    """log P(ids) / ((5 + |ids|) / 6) ** alpha of each hypothesis of sentence rows[i] under our model.
+
+    <eos> is counted where the hypothesis has one (those that reach the length limit have none).
+    """
+    sp = ours.trained.tokenizer
+    limit = ours.config.eval.max_decode_length
+    finished = [ids + [EOS_ID] if len(ids) < limit else ids for ids in hypotheses]
+    sources = _padded([sp.encode(ours.sentences[row]) + [EOS_ID] for row in rows])
+    targets = _padded(finished)
+    logits = ours.logits(sources, targets)
+    logits[..., [PAD_ID, BOS_ID]] = -1e9
+    log_probs = np.take_along_axis(np.asarray(jax.nn.log_softmax(logits)), targets[..., None], axis=-1)[..., 0]
+    lengths = np.array([len(ids) for ids in finished])
+    log_probs = np.where(np.arange(targets.shape[1]) < lengths[:, None], log_probs, 0.0)
+    return log_probs.sum(axis=1) / ((5 + lengths) / 6) ** alpha
+
+
+def _check_beam_results(ours: Ours, theirs: list[list[int]], expected: list[list[int]], alpha: float, engine: str):
+    """The same beams, or where they part, ours scoring at least as well under the formula both use.
+
+    Beam search is no exact search, and the engines prune differently: transformers and CTranslate2
+    finish a hypothesis only when its <eos> ranks among the best beam_size extensions, we among the
+    best 2 * beam_size, so ours may find a better-scoring translation, never a worse one. Scores are
+    float32 sums: 1e-5 relative is their rounding.
+    """
+    parted = [i for i, (a, b) in enumerate(zip(theirs, expected)) if a != b]
+    print(f"{engine} beam 4, alpha {alpha}: {len(expected) - len(parted)} of {len(expected)} identical")
+    if parted:
+        ours_scores = _scores(ours, parted, [expected[i] for i in parted], alpha)
+        their_scores = _scores(ours, parted, [theirs[i] for i in parted], alpha)
+        for i, our_score, their_score in zip(parted, ours_scores, their_scores):
+            assert our_score >= their_score - 1e-5 * abs(their_score), (i, theirs[i], expected[i])
+    assert len(parted) <= len(expected) // 4  # The same network: mostly the same beams.
+
+
+def test_huggingface_beam_search_without_length_penalty_translates_as_we_do(hf, ours):
+    """transformers divides log P by length ** alpha, we by ((5 + length) / 6) ** alpha: the same only at alpha 0."""
+    tokenizer, model = hf
+    with torch.no_grad():
+        output = model.generate(
+            **tokenizer(ours.sentences, return_tensors="pt", padding=True), num_beams=4, length_penalty=0.0
+        )
+    expected = ours.translate_ids(beam_size=4, length_penalty=0.0)
+    _check_beam_results(ours, [_generated_ids(row) for row in output.tolist()], expected, 0.0, "huggingface")
+
+
+# --------------------------------------------------------------------------- #
+# CTranslate2.
+# --------------------------------------------------------------------------- #
+
+
+@pytest.fixture(scope="module")
+def translator(run):
+    return ctranslate2.Translator(run.ctranslate2, device="cpu")
+
+
+@pytest.fixture(scope="module")
+def pieces(run, ours) -> list[list[str]]:
+    """The sentences as the exported folder's own SentencePiece model splits them, nothing added."""
+    sp = spm.SentencePieceProcessor(model_file=os.path.join(run.ctranslate2, "sentencepiece.model"))
+    return [sp.encode(s, out_type=str) for s in ours.sentences]
+
+
+def test_ctranslate2_scores_equal_ours(translator, pieces, ours):
+    expected_ids = ours.translate_ids()
+    sp = ours.trained.tokenizer
+    results = translator.score_batch(pieces, [[sp.id_to_piece(i) for i in ids] for ids in expected_ids])
+    sources = _padded(_with_eos([sp.encode(s) for s in ours.sentences]))
+    targets = _padded(_with_eos(expected_ids))
+    logits = ours.logits(sources, targets)
+    logits[..., [PAD_ID, BOS_ID]] = -1e9  # As models/search.py, and the export's output bias.
+    log_probs = np.asarray(jax.nn.log_softmax(logits))
+    difference = 0.0
+    for row, (result, ids) in enumerate(zip(results, _with_eos(expected_ids))):
+        expected = log_probs[row, np.arange(len(ids)), ids]
+        assert len(result.log_probs) == len(ids)  # One per target token, <eos> included.
+        difference = max(difference, float(np.abs(np.asarray(result.log_probs) - expected).max()))
+    # A log-probability is a logit minus log-sum-exp of the row: twice the logits' rounding at most.
+    tolerance = 2 * _rounding_tolerance(
+        ours.trained.model.config, sources.shape[1], float(np.abs(logits[logits > -1e8]).max())
+    )
+    print(f"ctranslate2: max |log-probability difference| {difference:.3g}, tolerance {tolerance:.3g}")
+    assert difference <= tolerance
+
+
+def test_ctranslate2_greedy_translates_as_we_do(translator, pieces, ours):
+    results = translator.translate_batch(pieces, beam_size=1, max_decoding_length=ours.config.eval.max_decode_length)
+    sp = ours.trained.tokenizer
+    assert [[sp.piece_to_id(p) for p in r.hypotheses[0]] for r in results] == ours.translate_ids()
+
+
+def test_ctranslate2_beam_search_with_the_runs_length_penalty_translates_as_we_do(translator, pieces, ours):
+    """CTranslate2's length penalty is GNMT's ((5 + length) / 6) ** alpha, as ours, <eos> counted in both."""
+    alpha = ours.config.eval.length_penalty
+    results = translator.translate_batch(
+        pieces, beam_size=4, length_penalty=alpha, max_decoding_length=ours.config.eval.max_decode_length
+    )
+    sp = ours.trained.tokenizer
+    theirs = [[sp.piece_to_id(p) for p in r.hypotheses[0]] for r in results]
+    _check_beam_results(ours, theirs, ours.translate_ids(beam_size=4), alpha, "ctranslate2")
+
+
+# --------------------------------------------------------------------------- #
+# The folders.
+# --------------------------------------------------------------------------- #
+
+
+def test_the_model_card_names_the_config_checkpoint_scores_and_command(run):
+    with open(Workdir(run.workdir).scores("test"), encoding="utf-8") as f:
+        scores = json.load(f)
+    for export_format in ("huggingface", "ctranslate2"):
+        output = getattr(run, export_format)
+        with open(os.path.join(output, "README.md"), encoding="utf-8") as f:
+            card = f.read()
+        assert "Training steps: 300; exported parameters: step 300" in card
+        assert f"| test | step 300 | greedy | {scores['bleu']:.2f} | {scores['chrf']:.2f} |" in card
+        assert scores["signature"].replace("|", "\\|") in card
+        assert f"python export.py --workdir={run.workdir} --format={export_format} --output={output}" in card
+        assert '"norm_placement": "' in card and '"num_train_steps": 300' in card
+
+
+def test_export_refuses_a_non_empty_output_unless_told_to_overwrite(run, tmp_path):
+    if "post" not in os.path.basename(run.workdir):
+        pytest.skip("One run is enough.")
+    output = tmp_path / "exported"
+    output.mkdir()
+    (output / "notes.txt").write_text("mine", encoding="utf-8")
+    args = ("export.py", f"--workdir={run.workdir}", "--format=ctranslate2", f"--output={output}")
+    refused = run_entry_point(*args)
+    assert refused.returncode == 2 and refused.stderr.strip().splitlines()[-1] == (
+        f"error: --output={output} exists and is not empty; pass --overwrite to replace it."
+    )
+    assert os.listdir(output) == ["notes.txt"]
+    replaced = run_entry_point(*args, "--overwrite", "--quantization=int8")
+    assert replaced.returncode == 0, replaced.stderr[-3000:]
+    assert sorted(os.listdir(output)) == [
+        "README.md",
+        "config.json",
+        "model.bin",
+        "sentencepiece.model",
+        "shared_vocabulary.json",
+    ]
+    assert sorted(os.listdir(tmp_path)) == ["exported"]
+
+
+# --------------------------------------------------------------------------- #
+# CTranslate2 with what only it holds (relative or rotary positions, untied embeddings): untrained models.
+# --------------------------------------------------------------------------- #
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"positional_encoding": "relative"},
+        {"positional_encoding": "relative", "relative_values": True},
+        {"positional_encoding": "rotary"},
+        {"positional_encoding": "sinusoidal", "norm_placement": "post", "tie_embeddings": False},
+    ],
+    ids=["relative_keys", "relative_keys_and_values", "rotary", "untied_embeddings"],
+)
+def test_ctranslate2_untrained_models_score_and_decode_as_ours(tmp_path, fields):
+    """Shaw et al.'s tables (over sequences longer than the clip, 3) or rotations in every self-attention.
+
+    And untied embeddings: source, target and output matrices of their own, which only CTranslate2 holds.
+    """
+    from exporting import to_ctranslate2  # After importorskip: it imports ctranslate2.
+
+    config = dataclasses.replace(
+        TINY_MODEL, **{"vocab_size": 40, "max_len": 32, "norm_placement": "pre", "relative_clip": 3, **fields}
+    )
+    model = Transformer(config)
+    rng = np.random.default_rng(0)
+    sources = [list(rng.integers(4, config.vocab_size, length)) for length in (12, 5, 9)]
+    targets = [list(rng.integers(4, config.vocab_size, length)) for length in (4, 11, 7)]
+    params = nn.unbox(
+        model.init(jax.random.PRNGKey(0), _padded(sources), _padded(targets), deterministic=True)["params"]
+    )
+    pieces = ["<pad>", "<unk>", "<s>", "</s>"] + [f"w{i}" for i in range(4, config.vocab_size)]
+    to_ctranslate2.save(to_ctranslate2.transformer_spec_of(network_from_params(config, params), pieces), str(tmp_path))
+    translator = ctranslate2.Translator(str(tmp_path))
+    source_pieces = [[pieces[i] for i in row] for row in sources]
+    results = translator.score_batch(source_pieces, [[pieces[i] for i in row] for row in targets])
+    logits = np.array(_teacher_forced_logits(model, params, _padded(_with_eos(sources)), _padded(_with_eos(targets))))
+    logits[..., [PAD_ID, BOS_ID]] = -1e9
+    log_probs = np.asarray(jax.nn.log_softmax(logits))
+    difference = max(
+        float(np.abs(np.asarray(result.log_probs) - log_probs[row, np.arange(len(ids)), ids]).max())
+        for row, (result, ids) in enumerate(zip(results, _with_eos(targets)))
+    )
+    tolerance = 2 * _rounding_tolerance(config, 13, float(np.abs(logits[logits > -1e8]).max()))
+    print(f"ctranslate2, {fields}: max |log-probability difference| {difference:.3g}, tolerance {tolerance:.3g}")
+    assert difference <= tolerance
+    # Greedy decoding runs the decoder a position at a time on cached keys (rotated ones, with rotary).
+    ours = generate(
+        params,
+        _padded(_with_eos(sources)),
+        model=model,
+        choose_token=argmax_token,
+        max_length=12,
+        bos_id=BOS_ID,
+        eos_id=EOS_ID,
+        pad_id=PAD_ID,
+    )
+    theirs = translator.translate_batch(source_pieces, beam_size=1, max_decoding_length=12)
+    assert all(len(r.hypotheses[0]) >= 3 for r in theirs)  # Long enough to see positions 0, 1, 2, ...
+    assert [[pieces.index(p) for p in r.hypotheses[0]] for r in theirs] == [
+        _generated_ids([BOS_ID, *row]) for row in np.asarray(ours).tolist()
+    ]
