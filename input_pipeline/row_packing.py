@@ -1,16 +1,12 @@
 """Training batches from a stream of chunks of tokenized pairs: packed rows, or one pair per row.
 
 A grain transformation (an `IterDataset`) written here rather than taken from grain, because
-the stream's CPU time is taken from the train step on a 2-core machine. Fed one pair at a time,
-`grain.experimental.FirstFitPackIterDataset` and its per-element bookkeeping made the
-quick-start's pipeline cost ~57 ms of CPU per 64-row batch (~200 µs a pair, measured on the
-2-core AMD EPYC, 2026-11-23); chunks of pairs, the loop below and one thread bring it to
-16-20 ms, most of it reading and tokenizing. Grain's packers also place each pair as it comes,
-which leaves ~2.5% of the quick-start's target positions empty; choosing among pairs kept
-waiting fills all but ~0.5% of them. Placing the pairs of a 16-row quick-start batch and
-writing its rows takes 0.47 ms of CPU with best fit (0.82 ms before the pairs' lengths were kept
-and the rows written as lists), of the ~2.0 ms that the whole stream spends on the batch
-(2-core AMD EPYC with AVX-512, 2026-11-25; with NumPy row searches, on an AVX2 EPYC: 2.2 ms).
+on a CPU the stream's time is taken from the train step's cores. Fed one pair at a time,
+`grain.experimental.FirstFitPackIterDataset` and its per-element bookkeeping cost several times
+what chunks of pairs through the loop below cost, where reading and tokenizing dominate. Grain's
+packers also place each pair as it comes, which leaves a few percent of the target positions
+empty; choosing among pairs kept waiting fills nearly all of them. The pairs' lengths are kept
+and the rows written as lists, so placing and writing stay a small part of the stream's time.
 
 How pairs are placed, with `lookahead` pairs in view per row of a batch:
 
