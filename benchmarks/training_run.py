@@ -32,6 +32,9 @@ from common.workdir import Workdir
 _CONFIG = config_flags.DEFINE_config_file("config", "configs/quickstart.py", "The config file train.py trains.")
 _OUTPUT = flags.DEFINE_string("output", "", "Record path without suffix (default: docs/results/<config>_<cpu kind>).")
 _BEAM_SIZE = flags.DEFINE_integer("beam_size", 4, "Translation: beam of the second evaluation (1: none).")
+_KEEP = flags.DEFINE_string(
+    "keep", "", "An empty folder to train in and keep (e.g. to export or translate with it); default: a temporary one."
+)
 _SPLIT = "test"
 # What evaluating the split writes beside its scores, by task: the outputs the digest covers.
 _OUTPUTS = {"translation": "hypotheses.txt", "classification": "predictions.tsv"}
@@ -91,7 +94,9 @@ def main(argv):
     task = _CONFIG.value.task
     measured_source = records.source()  # The code measured: what is checked out now, not after the run.
     with tempfile.TemporaryDirectory() as scratch:
-        workdir = Workdir(os.path.join(scratch, "run"))
+        workdir = Workdir(_KEEP.value or os.path.join(scratch, "run"))
+        if _KEEP.value and os.path.exists(_KEEP.value) and os.listdir(_KEEP.value):
+            raise app.UsageError(f"--keep={_KEEP.value} is not empty: the command is measured from an empty workdir.")
         arguments = [f"--config={config_path}", f"--workdir={workdir.root}"]
         arguments.append(f"--config.compilation_cache_dir={scratch}/cache")
         train_log = os.path.join(scratch, "train.log")
