@@ -47,7 +47,7 @@ def _peer(figures: dict) -> str:
     variants = figures["variants"]
     ratios = [f"{variants[dtype]['ratio']:.2f}× in {dtype}" for dtype in ("bfloat16", "float32") if dtype in variants]
     mfu = f"; bfloat16 MFU {variants['bfloat16']['mfu']:.0%}" if "bfloat16" in variants else ""
-    return f"target tokens/s {', '.join(ratios)} PyTorch's{mfu}"
+    return f"PyTorch's target tokens/s × {', '.join(ratios)}{mfu}"
 
 
 def _restart(figures: dict) -> str:
