@@ -45,9 +45,12 @@ def _beam(figures: dict) -> str:
 
 def _peer(figures: dict) -> str:
     variants = figures["variants"]
-    ratios = [f"{variants[dtype]['ratio']:.2f}× in {dtype}" for dtype in ("bfloat16", "float32") if dtype in variants]
-    mfu = f"; bfloat16 MFU {variants['bfloat16']['mfu']:.0%}" if "bfloat16" in variants else ""
-    return f"PyTorch's target tokens/s × {', '.join(ratios)}{mfu}"
+    ratios = [(dtype, variants[dtype]["ratio"]) for dtype in ("bfloat16", "float32") if dtype in variants]
+    cell = ", ".join(
+        f"{ratio:.2f}× PyTorch's target tokens/s in {dtype}" if i == 0 else f"{ratio:.2f}× in {dtype}"
+        for i, (dtype, ratio) in enumerate(ratios)
+    )
+    return cell + (f"; bfloat16 MFU {variants['bfloat16']['mfu']:.0%}" if "bfloat16" in variants else "")
 
 
 def _restart(figures: dict) -> str:
