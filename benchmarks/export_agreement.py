@@ -31,6 +31,8 @@ from absl import app, flags
 
 from benchmarks import records
 from exporting import exporter
+from input_pipeline import batching
+from models.decoding import decode_length
 from training import inference
 from training.config_checks import validate_config
 from training.reporting.logs import quiet_library_logs
@@ -40,6 +42,11 @@ _WORKDIR = flags.DEFINE_string("workdir", None, "The trained run.", required=Tru
 _SOURCES = flags.DEFINE_string("sources", "data/libreoffice_help_en_de/test.en.gz", "Source sentences, one a line.")
 _REFERENCES = flags.DEFINE_string("references", "data/libreoffice_help_en_de/test.de.gz", "Their references.")
 _BATCH_SIZE = flags.DEFINE_integer("batch_size", 32, "Sentences a batch for Hugging Face and CTranslate2.")
+_DECODINGS = flags.DEFINE_list(
+    "decodings",
+    ["greedy", "beam", "beam_alpha_0"],
+    "Searches to compare: greedy, beam (the run's alpha), beam_alpha_0.",
+)
 _OUTPUT = flags.DEFINE_string("output", "", "Record path without suffix (default: export_agreement_<cpu kind>).")
 _BEAM_SIZE = 4
 
@@ -121,24 +128,50 @@ def _speed(row: dict) -> str:
     return f"{row['output_subwords_per_second']:,.0f}" if row["output_subwords_per_second"] else "-"
 
 
-def _row(engine: str, decoding: Decoding, translations, seconds, reference, references, sp) -> dict:
-    """Agreement with this project's float32 output, BLEU with its signature, output subwords per second."""
+def _our_budgets(lines: list[str], sp, config) -> list[int]:
+    """Each line's output budget in this project's decoding: its length bucket's, as translate_ids sets it."""
+    lengths = [min(len(sp.encode(line)) + 1, config.dataset.max_length) for line in lines]  # With </s>, cut.
+    boundaries = config.dataset.bucket_boundaries
+    buckets = batching.bucket_of(lengths, boundaries)
+    return [decode_length(boundaries[min(b, len(boundaries) - 1)], config.eval.max_decode_length) for b in buckets]
+
+
+def _row(engine: str, decoding: Decoding, translations, seconds, reference, references, sp, budgets) -> dict:
+    """Agreement with this project's float32 output, BLEU with its signature, output subwords per second.
+
+    A differing line is listed, marked where this project's output ran to its length budget (a
+    hypothesis without </s>, cut at its bucket's budget where the other engine's budget is the
+    config's max_decode_length): the re-encoded output's length within 2 subwords of the budget.
+    """
     bleu = sacrebleu.BLEU()
     score = bleu.corpus_score(translations, [references])
     subwords = sum(len(sp.encode(line)) + 1 for line in translations)  # With </s>.
+    differing = [
+        {
+            "line": i + 1,
+            "ours": ours,
+            "theirs": theirs,
+            "ours_at_length_budget": len(sp.encode(ours)) >= budgets[i] - 2,
+        }
+        for i, (theirs, ours) in enumerate(zip(translations, reference))
+        if theirs != ours
+    ]
     row = {
         "engine": engine,
         "decoding": decoding.name,
-        "identical_lines": sum(a == b for a, b in zip(translations, reference)),
+        "identical_lines": len(translations) - len(differing),
         "lines": len(translations),
+        "differing_where_ours_ran_to_its_length_budget": sum(d["ours_at_length_budget"] for d in differing),
         "bleu": score.score,
         "bleu_signature": str(bleu.get_signature()),
         "seconds": seconds,
         "output_subwords_per_second": subwords / seconds if seconds else None,
+        "differing_lines": differing,
     }
     print(
         f"{engine:<28} {decoding.name:<20} identical {row['identical_lines']}/{row['lines']} "
-        f"BLEU {row['bleu']:.2f} {_speed(row)} subwords/s",
+        f"({row['differing_where_ours_ran_to_its_length_budget']} others at our budget) BLEU {row['bleu']:.2f} "
+        f"{_speed(row)} subwords/s",
         flush=True,
     )
     return row
@@ -166,7 +199,9 @@ def main(argv):
             exporter.export_run(_WORKDIR.value, export_format, folders[name], quantization=quantization)
         # Sources cut as translate.py cuts them (dataset.max_length subwords with </s>).
         max_source, max_length = config.dataset.max_length, config.eval.max_decode_length
-        for decoding in (greedy, beam, beam_alpha_0):
+        budgets = _our_budgets(lines, sp, config)
+        searches = {"greedy": greedy, "beam": beam, "beam_alpha_0": beam_alpha_0}
+        for decoding in (searches[name] for name in _DECODINGS.value):
             reference, seconds = _ours(lines, "float32", decoding, passes=2)
             runs = {"this project, float32": lambda: (reference, seconds)}
             if decoding is not beam_alpha_0:  # CTranslate2 scores beams with this project's formula.
@@ -181,7 +216,7 @@ def main(argv):
                     folders["huggingface"], lines, decoding, max_source
                 )
             for engine, run in runs.items():
-                rows.append(_row(engine, decoding, *run(), reference, references, sp))
+                rows.append(_row(engine, decoding, *run(), reference, references, sp, budgets))
     record = records.new(
         "a trained run exported both ways: agreement, BLEU and speed on a test set",
         figures={"rows": rows},
@@ -191,11 +226,13 @@ def main(argv):
         **measured_source,
     )
     table = [
-        "| engine | decoding | lines identical to this project's float32 | BLEU | output subwords/s |",
-        "|---|---|---:|---:|---:|",
+        "| engine | decoding | lines identical to this project's float32 | of the others, ours at its length budget "
+        "| BLEU | output subwords/s |",
+        "|---|---|---:|---:|---:|---:|",
         *(
             f"| {row['engine']} | {row['decoding']} | {row['identical_lines']:,} / {row['lines']:,} "
-            f"({row['identical_lines'] / row['lines']:.2%}) | {row['bleu']:.2f} "
+            f"({row['identical_lines'] / row['lines']:.2%}) | {row['differing_where_ours_ran_to_its_length_budget']} "
+            f"| {row['bleu']:.2f} "
             f"| {_speed(row)} |"
             for row in rows
         ),
