@@ -90,13 +90,13 @@ def _table(evaluations: dict[str, dict]) -> list[str]:
 
 def main(argv):
     del argv
+    if _KEEP.value and os.path.isdir(_KEEP.value) and os.listdir(_KEEP.value):
+        raise app.UsageError(f"--keep={_KEEP.value} is not empty: the command is measured from an empty workdir.")
     config_path = config_flags.get_config_filename(flags.FLAGS["config"])
     task = _CONFIG.value.task
     measured_source = records.source()  # The code measured: what is checked out now, not after the run.
     with tempfile.TemporaryDirectory() as scratch:
         workdir = Workdir(_KEEP.value or os.path.join(scratch, "run"))
-        if _KEEP.value and os.path.exists(_KEEP.value) and os.listdir(_KEEP.value):
-            raise app.UsageError(f"--keep={_KEEP.value} is not empty: the command is measured from an empty workdir.")
         arguments = [f"--config={config_path}", f"--workdir={workdir.root}"]
         arguments.append(f"--config.compilation_cache_dir={scratch}/cache")
         train_log = os.path.join(scratch, "train.log")
