@@ -50,7 +50,6 @@ again after every section, so a run killed at its time limit keeps what it measu
 import dataclasses
 import functools
 import importlib
-import importlib.metadata
 import json
 import os
 import re
