@@ -7,13 +7,9 @@ The step is benchmarks/config_r.py's `ProjectStep` (config R: the train step exa
 train.py builds it). After warm-up, `jax.profiler.trace` records `--steps` steps; every XLA
 instruction's time is summed over all threads (CPU time, so the shares add up however the two
 cores split the work) and each instruction is put in one bucket by what it computes, read from
-the compiled module: its opcode and the JAX operation names (`metadata.op_name`) of every
-instruction it fuses. A fusion goes to the first bucket of `BUCKETS` that any of its fused
-operations belongs to, so a matmul with a fused cast counts as a matmul and a layer norm with
-a fused cast as a layer norm; casts and transposes count alone only where nothing else is fused
-with them. Writes a record (benchmarks/records.py) with the buckets' milliseconds per step and
-shares, the largest instructions, and the step's wall time outside the profiler; XLA_FLAGS is
-part of the record.
+the compiled module by benchmarks/hlo_buckets.py. Writes a record (benchmarks/records.py) with
+the buckets' milliseconds per step and shares, the largest instructions, and the step's wall
+time outside the profiler; XLA_FLAGS is part of the record.
 """
 
 import collections
@@ -21,7 +17,6 @@ import glob
 import gzip
 import json
 import os
-import re
 import statistics
 import tempfile
 import time
@@ -29,80 +24,13 @@ import time
 import jax
 from absl import app, flags
 
-from benchmarks import config_r, records
+from benchmarks import config_r, hlo_buckets, records
 
 _DTYPE = flags.DEFINE_enum("dtype", "bfloat16", ["bfloat16", "float32"], "Compute dtype of the step.")
 _STEPS = flags.DEFINE_integer("steps", 20, "Profiled steps (after warm-up).")
 _WARMUP_STEPS = flags.DEFINE_integer("warmup_steps", 5, "Steps before the profile (the first compiles).")
 _TIMED_STEPS = flags.DEFINE_integer("timed_steps", 20, "Steps timed without the profiler, for the step's wall time.")
 _OUTPUT = flags.DEFINE_string("output", "", "Record path without suffix (default: step_profile_<dtype>_<cpu kind>).")
-
-
-def _is_matmul(opcode: str, op_name: str) -> bool:
-    return opcode in ("dot", "convolution") or op_name.endswith("dot_general")
-
-
-def _is_attention_product(opcode: str, op_name: str) -> bool:
-    """QK^T and the weighted values: products of the attention's own `attend`, not of its projections."""
-    return _is_matmul(opcode, op_name) and re.search(r"_attention\.attend/dot_general$", op_name) is not None
-
-
-# (bucket, test on one operation: its opcode and JAX op_name). An instruction goes to the first
-# bucket any of its operations (a fusion's: every fused one) passes.
-BUCKETS = (
-    ("matmuls: vocabulary projection", lambda opcode, op_name: _is_matmul(opcode, op_name) and "_logits" in op_name),
-    ("matmuls: attention products", _is_attention_product),
-    ("matmuls: projections and feed-forward", _is_matmul),
-    ("loss (softmax cross-entropy, its gradient)", lambda _, op_name: "jvp()" in op_name or "_logits" in op_name),
-    ("dropout (random bits, masks)", lambda _, op_name: "dropout" in op_name),
-    ("layer norms", lambda _, op_name: "_norm/" in op_name or "LayerNorm" in op_name),
-    ("attention softmax and masks", lambda _, op_name: "attention" in op_name),
-    ("embeddings and positions", lambda _, op_name: "embed" in op_name),
-    ("optimizer (Adam, gradient norm, finite checks)", lambda _, op_name: "Transformer" not in op_name),
-    ("casts", lambda opcode, op_name: opcode == "convert" or op_name.endswith("convert_element_type")),
-    ("transposes and copies", lambda opcode, op_name: opcode in ("transpose", "copy") or op_name.endswith("transpose")),
-    ("other model work (residuals, activations)", lambda _, __: True),
-)
-# Operations that compute nothing themselves: left out of a fusion's tests.
-_INERT = {"parameter", "constant", "get-tuple-element", "tuple", "bitcast"}
-_CONTAINERS = {"while", "call", "conditional", "async-start", "async-done"}  # Their inner instructions have events.
-_INSTRUCTION = re.compile(r"^\s*(?:ROOT\s+)?%?([\w.\-]+) = (?:\([^=]*?\)|\S+) ([a-z][\w\-]*)\((.*)$")
-_COMPUTATION = re.compile(r"^(?:ENTRY\s+)?%?([\w.\-]+) \(.*\{$")
-
-
-def _operations(hlo: str) -> tuple[dict, dict]:
-    """(instruction -> (opcode, op_name, called computations), computation -> its instructions' names)."""
-    instructions, computations, current = {}, collections.defaultdict(list), None
-    for line in hlo.splitlines():
-        if match := _COMPUTATION.match(line):
-            current = match.group(1)
-        elif match := _INSTRUCTION.match(line):
-            name, opcode, rest = match.groups()
-            op_name = re.search(r'op_name="([^"]*)"', rest)
-            calls = re.findall(r"(?:calls|to_apply|body|condition)=%?([\w.\-]+)", rest)
-            instructions[name] = (opcode, op_name.group(1) if op_name else "", calls)
-            computations[current].append(name)
-    return instructions, computations
-
-
-def _fused_operations(name: str, instructions: dict, computations: dict) -> list[tuple[str, str]]:
-    """(opcode, op_name) of an instruction and of everything its called computations hold."""
-    opcode, op_name, calls = instructions[name]
-    found = [(opcode, op_name)]
-    for computation in calls:
-        for inner in computations.get(computation, ()):
-            found += _fused_operations(inner, instructions, computations)
-    return found
-
-
-def bucket(name: str, instructions: dict, computations: dict) -> str:
-    """The first of BUCKETS that any operation of instruction `name` falls in."""
-    operations = [
-        (opcode, op_name)
-        for opcode, op_name in _fused_operations(name, instructions, computations)
-        if opcode not in _INERT and opcode != "fusion"
-    ]
-    return next(label for label, test in BUCKETS if any(test(opcode, op_name) for opcode, op_name in operations))
 
 
 def _trace_events(trace_dir: str) -> list[dict]:
@@ -124,7 +52,7 @@ def main(argv):
         step().block_until_ready()
         seconds.append(time.perf_counter() - start)
     hlo = step.compiled_hlo()
-    instructions, computations = _operations(hlo)
+    instructions, computations = hlo_buckets.operations(hlo)
     with tempfile.TemporaryDirectory() as trace_dir:
         with jax.profiler.trace(trace_dir):
             for _ in range(_STEPS.value):
@@ -133,11 +61,11 @@ def main(argv):
         events = _trace_events(trace_dir)
     per_instruction = collections.Counter()
     for event in events:
-        if event["name"] in instructions and instructions[event["name"]][0] not in _CONTAINERS:
+        if event["name"] in instructions and instructions[event["name"]][0] not in hlo_buckets.CONTAINERS:
             per_instruction[event["name"]] += event["dur"] / 1e3  # Microseconds to milliseconds.
     per_bucket = collections.Counter()
     for name, milliseconds in per_instruction.items():
-        per_bucket[bucket(name, instructions, computations)] += milliseconds
+        per_bucket[hlo_buckets.bucket(name, instructions, computations)] += milliseconds
     total = sum(per_bucket.values())
     steps = _STEPS.value
     figures = {
@@ -145,12 +73,12 @@ def main(argv):
         "profiled_cpu_ms_per_step": total / steps,
         "buckets": {
             label: {"cpu_ms_per_step": per_bucket[label] / steps, "share": per_bucket[label] / total}
-            for label, _ in BUCKETS
+            for label, _ in hlo_buckets.BUCKETS
         },
         "largest_instructions": [
             {
                 "name": name,
-                "bucket": bucket(name, instructions, computations),
+                "bucket": hlo_buckets.bucket(name, instructions, computations),
                 "op_name": instructions[name][1],
                 "cpu_ms_per_step": milliseconds / steps,
             }

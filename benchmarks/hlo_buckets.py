@@ -1,0 +1,80 @@
+"""XLA instructions by what they compute, read from a compiled HLO module: benchmarks/step_profile.py's buckets.
+
+An instruction's bucket is the first of `BUCKETS` that any of its operations passes, each tested
+by its opcode and its JAX operation name (`metadata.op_name`): a fusion by every operation it
+fuses, so a matmul with a fused cast counts as a matmul and a layer norm with a fused cast as a
+layer norm; casts and transposes count alone only where nothing else is fused with them.
+"""
+
+import collections
+import re
+
+
+def _is_matmul(opcode: str, op_name: str) -> bool:
+    return opcode in ("dot", "convolution") or op_name.endswith("dot_general")
+
+
+def _is_attention_product(opcode: str, op_name: str) -> bool:
+    """QK^T and the weighted values: products of the attention's own `attend`, not of its projections."""
+    return _is_matmul(opcode, op_name) and re.search(r"_attention\.attend/dot_general$", op_name) is not None
+
+
+# (bucket, test on one operation: its opcode and JAX op_name). An instruction goes to the first
+# bucket any of its operations (a fusion's: every fused one) passes.
+BUCKETS = (
+    ("matmuls: vocabulary projection", lambda opcode, op_name: _is_matmul(opcode, op_name) and "_logits" in op_name),
+    ("matmuls: attention products", _is_attention_product),
+    ("matmuls: projections and feed-forward", _is_matmul),
+    ("loss (softmax cross-entropy, its gradient)", lambda _, op_name: "jvp()" in op_name or "_logits" in op_name),
+    ("dropout (random bits, masks)", lambda _, op_name: "dropout" in op_name),
+    ("layer norms", lambda _, op_name: "_norm/" in op_name or "LayerNorm" in op_name),
+    ("attention softmax and masks", lambda _, op_name: "attention" in op_name),
+    ("embeddings and positions", lambda _, op_name: "embed" in op_name),
+    ("optimizer (Adam, gradient norm, finite checks)", lambda _, op_name: "Transformer" not in op_name),
+    ("casts", lambda opcode, op_name: opcode == "convert" or op_name.endswith("convert_element_type")),
+    ("transposes and copies", lambda opcode, op_name: opcode in ("transpose", "copy") or op_name.endswith("transpose")),
+    ("other model work (residuals, activations)", lambda _, __: True),
+)
+# Operations that compute nothing themselves: left out of a fusion's tests.
+_INERT = {"parameter", "constant", "get-tuple-element", "tuple", "bitcast"}
+CONTAINERS = {"while", "call", "conditional", "async-start", "async-done"}  # Their inner instructions have events.
+_INSTRUCTION = re.compile(r"^\s*(?:ROOT\s+)?%?([\w.\-]+) = (?:\([^=]*?\)|\S+) ([a-z][\w\-]*)\((.*)$")
+_COMPUTATION = re.compile(r"^(?:ENTRY\s+)?%?([\w.\-]+) \(.*\{$")
+
+
+def operations(hlo: str) -> tuple[dict, dict]:
+    """(instruction -> (opcode, op_name, called computations), computation -> its instructions' names)."""
+    instructions, computations, current = {}, collections.defaultdict(list), None
+    for line in hlo.splitlines():
+        if match := _COMPUTATION.match(line):
+            current = match.group(1)
+        elif match := _INSTRUCTION.match(line):
+            name, opcode, rest = match.groups()
+            op_name = re.search(r'op_name="([^"]*)"', rest)
+            calls = re.findall(r"(?:calls|to_apply|body|condition)=%?([\w.\-]+)", rest)
+            instructions[name] = (opcode, op_name.group(1) if op_name else "", calls)
+            computations[current].append(name)
+    return instructions, computations
+
+
+def _fused_operations(name: str, instructions: dict, computations: dict) -> list[tuple[str, str]]:
+    """(opcode, op_name) of an instruction and of everything its called computations hold."""
+    opcode, op_name, calls = instructions[name]
+    found = [(opcode, op_name)]
+    for computation in calls:
+        for inner in computations.get(computation, ()):
+            found += _fused_operations(inner, instructions, computations)
+    return found
+
+
+def bucket(name: str, instructions: dict, computations: dict) -> str:
+    """The first of BUCKETS that any operation of instruction `name` falls in."""
+    operations = [
+        (opcode, op_name)
+        for opcode, op_name in _fused_operations(name, instructions, computations)
+        if opcode not in _INERT and opcode != "fusion"
+    ]
+    return next(
+        (label for label, test in BUCKETS if any(test(opcode, op_name) for opcode, op_name in operations)),
+        BUCKETS[-1][0],  # Nothing but inert operations.
+    )

@@ -1,0 +1,56 @@
+"""benchmarks/hlo_buckets.py puts each XLA instruction in the bucket of what it computes."""
+
+# ruff: noqa: E501  (the module below is written as XLA prints it: one instruction a line)
+
+from benchmarks import hlo_buckets
+
+_OP = "jit(train_step)/transpose(jvp(Transformer))/Transformer.decode/decoder/layers_0/layers_0._sublayers"
+# A compiled module's lines as XLA:CPU prints them: fusions, their computations and metadata.
+_HLO = f"""
+%fused_computation.1 (param_0.1: bf16[8,4], param_1.1: bf16[4,6]) -> f32[8,6] {{
+  %param_0.1 = bf16[8,4]{{1,0}} parameter(0)
+  %param_1.1 = bf16[4,6]{{1,0}} parameter(1)
+  ROOT %dot.1 = f32[8,6]{{1,0}} dot(%param_0.1, %param_1.1), metadata={{op_name="{_OP}/feed_forward/hidden/dot_general"}}
+}}
+
+%fused_computation.2 (param_0.2: f32[8,6]) -> bf16[8,6] {{
+  %param_0.2 = f32[8,6]{{1,0}} parameter(0)
+  %multiply.2 = f32[8,6]{{1,0}} multiply(%param_0.2, %param_0.2), metadata={{op_name="{_OP}/feed_forward_norm/mul"}}
+  ROOT %convert.2 = bf16[8,6]{{1,0}} convert(%multiply.2), metadata={{op_name="{_OP}/convert_element_type"}}
+}}
+
+%fused_computation.3 (param_0.3: f32[8,6]) -> bf16[8,6] {{
+  %param_0.3 = f32[8,6]{{1,0}} parameter(0)
+  ROOT %convert.3 = bf16[8,6]{{1,0}} convert(%param_0.3), metadata={{op_name="{_OP}/convert_element_type"}}
+}}
+
+ENTRY %main.4 (p0: bf16[8,4], p1: bf16[4,6], p2: f32[6]) -> (f32[8,6], bf16[8,6], bf16[8,6], f32[6]) {{
+  %p0 = bf16[8,4]{{1,0}} parameter(0)
+  %p1 = bf16[4,6]{{1,0}} parameter(1)
+  %p2 = f32[6]{{0}} parameter(2)
+  %ynn_fusion.1 = f32[8,6]{{1,0}} fusion(%p0, %p1), kind=kCustom, calls=%fused_computation.1, metadata={{op_name="{_OP}/feed_forward/hidden/dot_general"}}
+  %norm_fusion.2 = bf16[8,6]{{1,0}} fusion(%ynn_fusion.1), kind=kLoop, calls=%fused_computation.2, metadata={{op_name="{_OP}/convert_element_type"}}
+  %convert_fusion.3 = bf16[8,6]{{1,0}} fusion(%ynn_fusion.1), kind=kLoop, calls=%fused_computation.3, metadata={{op_name="{_OP}/convert_element_type"}}
+  %sqrt.4 = f32[6]{{0}} sqrt(%p2), metadata={{op_name="jit(train_step)/sqrt"}}
+  ROOT %tuple.5 = (f32[8,6]{{1,0}}, bf16[8,6]{{1,0}}, bf16[8,6]{{1,0}}, f32[6]{{0}}) tuple(%ynn_fusion.1, %norm_fusion.2, %convert_fusion.3, %sqrt.4)
+}}
+"""
+
+
+def test_each_instruction_goes_to_the_bucket_of_what_it_computes():
+    instructions, computations = hlo_buckets.operations(_HLO)
+    buckets = {name: hlo_buckets.bucket(name, instructions, computations) for name in instructions}
+    assert buckets["ynn_fusion.1"] == "matmuls: projections and feed-forward"
+    assert buckets["norm_fusion.2"] == "layer norms"  # The fused cast does not make it a cast.
+    assert buckets["convert_fusion.3"] == "casts"  # A cast alone is one.
+    assert buckets["sqrt.4"] == "optimizer (Adam, gradient norm, finite checks)"  # Outside the model.
+    assert buckets["tuple.5"] == hlo_buckets.BUCKETS[-1][0]  # Only inert operations: not an error.
+
+
+def test_the_vocabulary_projection_and_attention_products_are_told_apart_from_other_matmuls():
+    def matmul_bucket(op_name: str) -> str:
+        return next(label for label, test in hlo_buckets.BUCKETS if test("dot", op_name))
+
+    assert matmul_bucket("x/Transformer._logits/shared_embedding.attend/dot_general").endswith("vocabulary projection")
+    assert matmul_bucket("x/self_attention/self_attention.attend/dot_general").endswith("attention products")
+    assert matmul_bucket("x/self_attention/self_attention.attend/query/dot_general").endswith("feed-forward")
