@@ -104,7 +104,7 @@ def _machine(record: dict) -> str:
         return machine["accelerator"]
     described = f"{machine['cores']}-core {machine['cpu_model']} (`{machine['cpu_kind']}`)"
     load = record.get("load_average")
-    if load and max(load[:1]) > machine["cores"]:  # More runnable threads than cores when the run ended.
+    if load and load[0] > machine["cores"]:  # More runnable threads than cores when the run ended.
         described += f", shared: load {load[0]:.1f}"
     return described
 
