@@ -1,32 +1,44 @@
-r"""Decoding speed with and without the key/value cache, in one process.
+r"""Decoding speed: this project's jitted search, cached and uncached, beside CTranslate2, in one process.
 
-  python benchmarks/decode_speed.py --config=configs/quickstart.py --batch_size=32 \
-      --beam_sizes=1,4 --length=64 [--workdir=runs/quickstart]
+  python -m benchmarks.decode_speed --workdir=runs/quickstart    # CTranslate2 rows need the export extra
 
-Decodes the same batch of real test sources (the bundled corpus, or the
-config's dataset) with every beam size, cached and uncached, alternating in
-rounds so that a noisy neighbour affects both alike, and reports the median
-time of a batch. <eos> is disabled so that every run generates exactly
-`--length` tokens per hypothesis: the cost per generated token at that target
-length. With --workdir the run's trained parameters and tokenizer are used;
-otherwise freshly initialised ones (decoding cost does not depend on the values).
+Decodes the same batch of real test sources (the bundled corpus, or the config's dataset) with
+every setting, alternating in rounds so that a noisy neighbour affects all alike, and reports
+the median time of a batch. Every hypothesis generates exactly `--length` tokens, so that all
+settings do the same work: this project's search gets an <eos> id no token has, CTranslate2 a
+minimum and maximum decoding length of `--length`. Settings, for each beam size: this project
+with the key/value cache and without it (the whole prefix rerun at every step), and CTranslate2
+in float32 and int8 on the same parameters, converted with export.py's code
+(`exporting.to_ctranslate2`), its threads the machine's cores. With --workdir the run's latest
+parameters and tokenizer are used; otherwise freshly initialised ones (decoding cost does not
+depend on the values). With --profile_calls, this project's cached settings are also profiled
+(benchmarks/xla_profile.py, by decoding's buckets: the model's matmuls, the search's top-k and
+beam reordering, cache writes, ...), after the timed rounds. Writes a record (benchmarks/records.py).
 """
 
+import dataclasses
 import functools
+import importlib.util
+import os
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
 
 import jax
 import numpy as np
 from absl import app, flags
 from ml_collections import config_flags
 
-from common.special_ids import BOS_ID, PAD_ID
+from benchmarks import hlo_buckets, records, xla_profile
+from common.special_ids import BOS_ID, EOS_ID, PAD_ID
+from exporting import support
+from exporting.network import network_from_params
 from input_pipeline import batching
 from input_pipeline.corpus import load_corpus
 from models.build import compute_dtype, make_model
 from models.decoding import beam_search
+from training.inference import load_trained_model
 from training.reporting.logs import quiet_library_logs
 from training.runtime import host_memory, sharding
 from training.state import init_params
@@ -37,40 +49,43 @@ _BATCH_SIZE = flags.DEFINE_integer("batch_size", 32, "Sentences per batch.")
 _BEAM_SIZES = flags.DEFINE_list("beam_sizes", ["1", "4"], "Beam sizes to time (1 is greedy).")
 _LENGTH = flags.DEFINE_integer("length", 64, "Tokens generated per hypothesis.")
 _ROUNDS = flags.DEFINE_integer("rounds", 5, "Timed rounds; each decodes the batch once per setting.")
+_ENGINES = flags.DEFINE_list(
+    "engines", ["jax", "ctranslate2"], "jax (this project, cached and uncached), ctranslate2 (float32 and int8)."
+)
+_DTYPES = flags.DEFINE_list(
+    "dtypes", ["auto", "float32"], "This project's compute dtypes (model.dtype values); uncached runs the first only."
+)
+_PROFILE_CALLS = flags.DEFINE_integer(
+    "profile_calls", 0, "Batches to profile with each of this project's cached settings (0: no profile)."
+)
+_OUTPUT = flags.DEFINE_string("output", "", "Record path without suffix (default: decode_speed_<cpu kind>).")
 
 _NEVER = -1  # An <eos> id no token has: every hypothesis runs to --length.
 
 
-def _sources(config, workdir: str | None, batch_size: int) -> tuple[np.ndarray, int]:
-    """[batch_size, length] ids of test sentences, and the vocabulary size."""
+@dataclasses.dataclass(frozen=True)
+class Setting:
+    engine: str  # "this project, bfloat16, cached", "CTranslate2, int8", ...
+    beam_size: int
+    decode: Callable[[], object]  # Decodes the batch once, blocking until done.
+    hlo: Callable[[], str] | None = None  # The compiled module, where it is this project's.
+
+
+def _sources(config, workdir: str | None, batch_size: int):
+    """[batch_size, length] ids of test sentences (<eos> kept), and the tokenizer."""
     with tempfile.TemporaryDirectory() as scratch:
         corpus = load_corpus(config, workdir or scratch, ("test",), allow_training_tokenizer=workdir is None)
     sources = corpus.ids["test"].sources
     indices = np.arange(batch_size)
     length = int(min(sources.lengths[indices].max(), config.dataset.max_length))
-    return batching.pad_ids(sources, indices, length, batch_size, keep_eos=True), corpus.tokenizer.vocab_size()
+    return batching.pad_ids(sources, indices, length, batch_size, keep_eos=True), corpus.tokenizer
 
 
-def main(argv):
-    del argv
-    config = _CONFIG.value
-    host_memory.set_up()  # As train.py runs.
-    quiet_library_logs()
-    inputs, vocab_size = _sources(config, _WORKDIR.value, _BATCH_SIZE.value)
-    model = make_model(config, vocab_size)
-    mesh = sharding.make_mesh()
-    if _WORKDIR.value:
-        from training.inference import load_trained_model  # pylint: disable=g-import-not-at-top
-
-        params = load_trained_model(config, _WORKDIR.value).params
-    else:
-        params = sharding.replicate(init_params(model, jax.random.PRNGKey(config.seed)), mesh)
-    inputs = sharding.shard_batch({"inputs": inputs}, mesh)["inputs"]
-
-    settings = {}
-    for beam_size in map(int, _BEAM_SIZES.value):
-        for use_cache in (True, False):
-            decode = functools.partial(
+def _jax_settings(model, params, inputs, beam_size: int, with_uncached: bool) -> list[Setting]:
+    settings = []
+    for use_cache in (True, False) if with_uncached else (True,):
+        decode = jax.jit(
+            functools.partial(
                 beam_search,
                 model=model,
                 beam_size=beam_size,
@@ -81,34 +96,182 @@ def main(argv):
                 pad_id=PAD_ID,
                 use_cache=use_cache,
             )
-            settings[(beam_size, use_cache)] = jax.jit(decode)
+        )
+        engine = f"this project, {model.config.dtype}, {'cached' if use_cache else 'uncached'}"
+        settings.append(
+            Setting(
+                engine,
+                beam_size,
+                lambda decode=decode: jax.block_until_ready(decode(params, inputs)),
+                lambda decode=decode: decode.lower(params, inputs).compile().as_text(),
+            )
+        )
+    return settings
 
-    compile_seconds, seconds = {}, {key: [] for key in settings}
-    for key, decode in settings.items():
-        start = time.perf_counter()
-        jax.block_until_ready(decode(params, inputs))
-        compile_seconds[key] = time.perf_counter() - start
-    for _ in range(_ROUNDS.value):
-        for key, decode in settings.items():
+
+def _ctranslate2_settings(translators: dict, pieces: list[list[str]], beam_size: int) -> list[Setting]:
+    def decode(translator):
+        results = translator.translate_batch(
+            pieces,
+            beam_size=beam_size,
+            length_penalty=0.6,
+            min_decoding_length=_LENGTH.value,
+            max_decoding_length=_LENGTH.value,
+        )
+        lengths = {len(result.hypotheses[0]) for result in results}
+        if lengths != {_LENGTH.value}:  # The same work as this project's rows, or the comparison is void.
+            raise RuntimeError(f"CTranslate2 generated {sorted(lengths)} tokens, not {_LENGTH.value}.")
+
+    return [
+        Setting(f"CTranslate2, {weights}", beam_size, functools.partial(decode, translator))
+        for weights, translator in translators.items()
+    ]
+
+
+def _ctranslate2_translators(model, params, tokenizer, scratch: str) -> dict:
+    """CTranslate2 translators of the parameters: float32 and int8 weights."""
+    import ctranslate2  # pylint: disable=g-import-not-at-top  (the export extra: only for these rows)
+
+    from exporting import to_ctranslate2  # pylint: disable=g-import-not-at-top
+
+    pieces = [tokenizer.id_to_piece(i) for i in range(tokenizer.vocab_size())]
+    network = network_from_params(model.config, jax.device_get(params))
+    translators = {}
+    for weights, quantization in (("float32", None), ("int8", "int8")):
+        folder = os.path.join(scratch, weights)
+        os.makedirs(folder)
+        # `save` quantizes the spec in place: one spec a weight type.
+        to_ctranslate2.save(to_ctranslate2.transformer_spec_of(network, pieces), folder, quantization)
+        translators[weights] = ctranslate2.Translator(folder, device="cpu", intra_threads=os.cpu_count())
+    return translators
+
+
+def main(argv):
+    del argv
+    config = _CONFIG.value
+    host_memory.set_up()  # As train.py runs.
+    quiet_library_logs()
+    measured_source = records.source()
+    inputs, tokenizer = _sources(config, _WORKDIR.value, _BATCH_SIZE.value)
+    dtypes = list(dict.fromkeys(str(compute_dtype(dtype)) for dtype in _DTYPES.value))  # 'auto' may be float32.
+    models = []
+    for dtype in dtypes:
+        config.model.dtype = dtype
+        models.append(make_model(config, tokenizer.vocab_size()))
+    model = models[0]
+    mesh = sharding.make_mesh()
+    if _WORKDIR.value:
+        params = load_trained_model(config, _WORKDIR.value).params
+    else:
+        params = sharding.replicate(init_params(model, jax.random.PRNGKey(config.seed)), mesh)
+    # CTranslate2's sources: the same sentences as pieces, without the </s> it appends itself.
+    pieces = [[tokenizer.id_to_piece(int(i)) for i in row if i not in (PAD_ID, EOS_ID)] for row in inputs]
+    placed = sharding.shard_batch({"inputs": inputs}, mesh)["inputs"]
+
+    beam_sizes = [int(b) for b in _BEAM_SIZES.value]
+    with tempfile.TemporaryDirectory() as scratch:
+        translators = {}
+        if "ctranslate2" in _ENGINES.value:
+            if importlib.util.find_spec("ctranslate2") is None:
+                raise app.UsageError('--engines=ctranslate2 needs the export extra: pip install -e ".[export]".')
+            support.check_exportable(config, "ctranslate2")
+            translators = _ctranslate2_translators(model, params, tokenizer, scratch)
+        settings = []
+        for beam_size in beam_sizes:
+            if "jax" in _ENGINES.value:
+                for i, dtype_model in enumerate(models):
+                    settings += _jax_settings(dtype_model, params, placed, beam_size, with_uncached=i == 0)
+            settings += _ctranslate2_settings(translators, pieces, beam_size)
+
+        first_call, seconds = {}, {id(s): [] for s in settings}
+        for setting in settings:
             start = time.perf_counter()
-            jax.block_until_ready(decode(params, inputs))
-            seconds[key].append(time.perf_counter() - start)
+            setting.decode()
+            first_call[id(setting)] = time.perf_counter() - start
+        for _ in range(_ROUNDS.value):
+            for setting in settings:
+                start = time.perf_counter()
+                setting.decode()
+                seconds[id(setting)].append(time.perf_counter() - start)
+        baseline_engine = f"this project, {dtypes[0]}, cached"
+        profiles = {
+            setting.beam_size: xla_profile.profile(
+                setting.decode, setting.hlo(), calls=_PROFILE_CALLS.value, buckets=hlo_buckets.DECODE_BUCKETS
+            )
+            for setting in settings
+            if _PROFILE_CALLS.value and setting.engine == baseline_engine
+        }
 
     batch, length = inputs.shape[0], _LENGTH.value
-    print(
-        f"batch {batch}, source length {inputs.shape[1]}, {length} generated tokens per hypothesis, "
-        f"median of {_ROUNDS.value} rounds, {compute_dtype(config.model.dtype)}"
-    )
-    header = ("beam", "cache", "first call s", "batch s", "out tok/s", "hyp tok/s", "speed-up")
-    print(" ".join(f"{name:>{width}}" for name, width in zip(header, (4, 6, 12, 8, 10, 10, 8))))
-    for (beam_size, use_cache), times in seconds.items():
-        median = statistics.median(times)
-        uncached = statistics.median(seconds[(beam_size, False)])
-        print(
-            f"{beam_size:>4} {'yes' if use_cache else 'no':>6} {compile_seconds[(beam_size, use_cache)]:>12.1f} "
-            f"{median:>8.2f} {batch * length / median:>10.0f} {batch * beam_size * length / median:>10.0f} "
-            f"{uncached / median:>7.1f}x"
+    rows = []
+    for setting in settings:
+        median = statistics.median(seconds[id(setting)])
+        rows.append(
+            {
+                "engine": setting.engine,
+                "beam_size": setting.beam_size,
+                "first_call_seconds": first_call[id(setting)],
+                "batch_seconds": median,
+                "batch_seconds_all": seconds[id(setting)],
+                "output_tokens_per_second": batch * length / median,
+                "hypothesis_tokens_per_second": batch * setting.beam_size * length / median,
+            }
         )
+    baseline = {row["beam_size"]: row["batch_seconds"] for row in rows if row["engine"] == baseline_engine}
+
+    def versus_cached(row: dict) -> str:
+        return f"{baseline[row['beam_size']] / row['batch_seconds']:.2f}x" if row["beam_size"] in baseline else "-"
+
+    table = [
+        f"A batch of {batch} test sentences (sources padded to {inputs.shape[1]} subwords), {length} generated "
+        f"tokens per hypothesis, median of {_ROUNDS.value} rounds; this project on "
+        f"{len(jax.devices())} {jax.default_backend()} device(s); "
+        f"CTranslate2 with {os.cpu_count()} threads.",
+        "",
+        f"| engine | beam | first call s | batch s | output tokens/s | hypothesis tokens/s | vs {baseline_engine} |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+        *(
+            f"| {row['engine']} | {row['beam_size']} | {row['first_call_seconds']:.1f} | {row['batch_seconds']:.2f} "
+            f"| {row['output_tokens_per_second']:,.0f} | {row['hypothesis_tokens_per_second']:,.0f} "
+            f"| {versus_cached(row)} |"
+            for row in rows
+        ),
+    ]
+    if profiles:
+        table += [
+            "",
+            f"Where {baseline_engine} decoding spends a batch's time ({_PROFILE_CALLS.value} profiled batches): "
+            "CPU ms of XLA instructions over all threads.",
+            "",
+            "| operations | " + " | ".join(f"beam {beam_size}" for beam_size in profiles) + " |",
+            "|---|" + "---:|" * len(profiles),
+            *(
+                f"| {label} | "
+                + " | ".join(
+                    f"{p['buckets'][label]['cpu_ms_per_call']:.0f} ({p['buckets'][label]['share']:.0%})"
+                    for p in profiles.values()
+                )
+                + " |"
+                for label, _ in hlo_buckets.DECODE_BUCKETS
+            ),
+        ]
+    record = records.new(
+        "decoding speed: this project's search, cached and uncached, and CTranslate2",
+        figures={
+            "rows": rows,
+            "batch": batch,
+            "source_length": int(inputs.shape[1]),
+            "length": length,
+            "profiles": {f"beam {beam_size}": profile for beam_size, profile in profiles.items()},
+        },
+        packages=(*records.DEFAULT_PACKAGES, "ctranslate2"),
+        compute_dtypes=dtypes,
+        workdir=_WORKDIR.value,
+        **measured_source,
+    )
+    path = _OUTPUT.value or os.path.join(records.RESULTS_DIR, f"decode_speed_{record['machine']['cpu_kind']}")
+    print("\n".join(table))
+    print("wrote", records.write(record, path, table))
 
 
 if __name__ == "__main__":

@@ -9,7 +9,13 @@ greedy and with beam 4. For each, against this project's float32 output with the
 the share of lines identical, and the detokenized sacreBLEU with its signature; and its speed,
 output subwords (with `</s>`) per second over the whole set, the second of two passes for this
 project's jitted float32 decoding (the first compiles each length bucket; its 'auto' dtype rows
-run once, for agreement only). Beam 4 runs at the run's
+run once, for agreement only).
+
+Each sentence has its own length budget here (`models.decoding.decode_length`); the engines take
+one a call. Greedy engines decode at `eval.max_decode_length` (the exported default) and are
+compared twice: as they are, and with each output cut to its sentence's budget, which is the
+output at that budget (a greedy output's first n tokens do not depend on how many follow). Beam
+search engines decode each budget's sentences apart, at that budget. Beam 4 runs at the run's
 length penalty, except Hugging Face, whose penalty divides by length ** alpha where this
 project and CTranslate2 use GNMT's ((5 + length) / 6) ** alpha: it is compared at alpha 0,
 against this project at alpha 0. Each engine uses the machine's cores (CTranslate2's and
@@ -21,8 +27,10 @@ import gzip
 import os
 import tempfile
 import time
+from collections.abc import Callable
 
 import ctranslate2
+import numpy as np
 import sacrebleu
 import sentencepiece
 import torch
@@ -30,8 +38,8 @@ import transformers
 from absl import app, flags
 
 from benchmarks import records
+from common.special_ids import EOS_ID, PAD_ID
 from exporting import exporter
-from input_pipeline import batching
 from models.decoding import decode_length
 from training import inference
 from training.config_checks import validate_config
@@ -81,47 +89,78 @@ def _ours(lines: list[str], dtype: str, decoding: Decoding, passes: int) -> tupl
     return translations, seconds if passes > 1 else None
 
 
-def _by_length(lines: list[str], tokenize) -> list[list[int]]:
-    """Batches of line indices, the lines sorted by length so that a batch pads little."""
-    order = sorted(range(len(lines)), key=lambda i: len(tokenize(lines[i])))
+def _by_length(indices: list[int], lines: list[str], tokenize) -> list[list[int]]:
+    """Batches of the lines at `indices`, sorted by length so that a batch pads little."""
+    order = sorted(indices, key=lambda i: len(tokenize(lines[i])))
     return [order[i : i + _BATCH_SIZE.value] for i in range(0, len(order), _BATCH_SIZE.value)]
 
 
-def _huggingface(folder: str, lines: list[str], decoding: Decoding, max_source: int) -> tuple[list[str], float]:
+@dataclasses.dataclass(frozen=True)
+class EngineOutput:
+    """An engine's translations of every line, as ids without </s>; its detokenizer; the seconds they took."""
+
+    ids: list[list[int]]
+    detokenize: Callable[[list[int]], str]
+    seconds: float | None
+
+    def texts(self) -> list[str]:
+        return [self.detokenize(ids) for ids in self.ids]
+
+    def cut(self, budgets: list[int]) -> "EngineOutput":
+        """Each greedy output cut to its sentence's budget: that output at that budget."""
+        return dataclasses.replace(self, ids=[ids[:budget] for ids, budget in zip(self.ids, budgets)])
+
+
+def _budget_groups(budgets: list[int], decoding: Decoding, max_length: int) -> dict[int, list[int]]:
+    """Line indices by the budget an engine decodes them at (greedy: all at max_length; see above)."""
+    if decoding.beam_size == 1:
+        return {max_length: list(range(len(budgets)))}
+    groups = {}
+    for i, budget in enumerate(budgets):
+        groups.setdefault(budget, []).append(i)
+    return groups
+
+
+def _huggingface(folder: str, lines: list[str], decoding: Decoding, max_source: int, groups) -> EngineOutput:
     tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
     model = transformers.AutoModelForSeq2SeqLM.from_pretrained(folder).eval()
     options = {"num_beams": decoding.beam_size}
     if decoding.beam_size > 1:
         options["length_penalty"] = decoding.alpha
-    translations = [""] * len(lines)
+    translations = [[] for _ in lines]
     start = time.perf_counter()
     with torch.inference_mode():
-        for batch in _by_length(lines, tokenizer.tokenize):
-            inputs = tokenizer(
-                [lines[i] for i in batch], return_tensors="pt", padding=True, truncation=True, max_length=max_source
-            )
-            outputs = tokenizer.batch_decode(model.generate(**inputs, **options), skip_special_tokens=True)
-            for i, output in zip(batch, outputs):
-                translations[i] = output
-    return translations, time.perf_counter() - start
+        for budget, indices in groups.items():
+            for batch in _by_length(indices, lines, tokenizer.tokenize):
+                inputs = tokenizer(
+                    [lines[i] for i in batch], return_tensors="pt", padding=True, truncation=True, max_length=max_source
+                )
+                outputs = model.generate(**inputs, **options, max_new_tokens=budget).tolist()
+                for i, output in zip(batch, outputs):
+                    ids = output[1:]  # After the decoder's start token.
+                    translations[i] = ids[: ids.index(EOS_ID)] if EOS_ID in ids else [t for t in ids if t != PAD_ID]
+    seconds = time.perf_counter() - start
+    return EngineOutput(translations, lambda ids: tokenizer.decode(ids, skip_special_tokens=True), seconds)
 
 
-def _ctranslate2(
-    folder: str, lines: list[str], decoding: Decoding, max_source: int, max_length: int
-) -> tuple[list[str], float]:
+def _ctranslate2(folder: str, lines: list[str], decoding: Decoding, max_source: int, groups) -> EngineOutput:
     sp = sentencepiece.SentencePieceProcessor(model_file=os.path.join(folder, "sentencepiece.model"))
     translator = ctranslate2.Translator(folder, device="cpu", intra_threads=os.cpu_count())
     pieces = [sp.encode(line, out_type=str)[: max_source - 1] for line in lines]  # CTranslate2 adds </s>.
+    translations = [[] for _ in lines]
     start = time.perf_counter()
-    results = translator.translate_batch(
-        pieces,
-        beam_size=decoding.beam_size,
-        length_penalty=decoding.alpha,
-        max_batch_size=_BATCH_SIZE.value,
-        max_decoding_length=max_length,
-    )
+    for budget, indices in groups.items():
+        results = translator.translate_batch(
+            [pieces[i] for i in indices],
+            beam_size=decoding.beam_size,
+            length_penalty=decoding.alpha,
+            max_batch_size=_BATCH_SIZE.value,
+            max_decoding_length=budget,
+        )
+        for i, result in zip(indices, results):
+            translations[i] = [sp.piece_to_id(piece) for piece in result.hypotheses[0]]
     seconds = time.perf_counter() - start
-    return [sp.decode(result.hypotheses[0]) for result in results], seconds
+    return EngineOutput(translations, lambda ids: sp.decode_pieces([sp.id_to_piece(i) for i in ids]), seconds)
 
 
 def _speed(row: dict) -> str:
@@ -129,52 +168,62 @@ def _speed(row: dict) -> str:
 
 
 def _our_budgets(lines: list[str], sp, config) -> list[int]:
-    """Each line's output budget in this project's decoding: its length bucket's, as translate_ids sets it."""
-    lengths = [min(len(sp.encode(line)) + 1, config.dataset.max_length) for line in lines]  # With </s>, cut.
-    boundaries = config.dataset.bucket_boundaries
-    buckets = batching.bucket_of(lengths, boundaries)
-    return [decode_length(boundaries[min(b, len(boundaries) - 1)], config.eval.max_decode_length) for b in buckets]
+    """Each line's output budget in our decoding: `decode_length` of its source, cut as translate.py cuts it."""
+    lengths = [min(len(sp.encode(line.strip())) + 1, config.dataset.max_length) for line in lines]  # With </s>.
+    return decode_length(np.array(lengths), config.eval.max_decode_length).tolist()
 
 
-def _row(engine: str, decoding: Decoding, translations, seconds, reference, references, sp, budgets) -> dict:
+def _differing(translations: list[str], reference: list[str], sp, budgets: list[int]) -> list[dict]:
+    """The lines that differ from ours, each marked where ours ran to its budget (re-encoded within 2 subwords)."""
+    return [
+        {"line": i + 1, "ours": ours, "theirs": theirs, "ours_at_length_budget": len(sp.encode(ours)) >= budgets[i] - 2}
+        for i, (theirs, ours) in enumerate(zip(translations, reference))
+        if theirs != ours
+    ]
+
+
+def _row(engine: str, decoding: Decoding, translations, seconds, reference, references, sp, budgets, plain=None):
     """Agreement with this project's float32 output, BLEU with its signature, output subwords per second.
 
-    A differing line is listed, marked where this project's output ran to its length budget (a
-    hypothesis without </s>, cut at its bucket's budget where the other engine's budget is the
-    config's max_decode_length): the re-encoded output's length within 2 subwords of the budget.
+    `plain`: a greedy engine's translations at its one budget (max_decode_length), before they were
+    cut to each sentence's; their agreement is recorded beside.
     """
     bleu = sacrebleu.BLEU()
     score = bleu.corpus_score(translations, [references])
     subwords = sum(len(sp.encode(line)) + 1 for line in translations)  # With </s>.
-    differing = [
-        {
-            "line": i + 1,
-            "ours": ours,
-            "theirs": theirs,
-            "ours_at_length_budget": len(sp.encode(ours)) >= budgets[i] - 2,
-        }
-        for i, (theirs, ours) in enumerate(zip(translations, reference))
-        if theirs != ours
-    ]
+    differing = _differing(translations, reference, sp, budgets)
     row = {
         "engine": engine,
         "decoding": decoding.name,
         "identical_lines": len(translations) - len(differing),
         "lines": len(translations),
-        "differing_where_ours_ran_to_its_length_budget": sum(d["ours_at_length_budget"] for d in differing),
         "bleu": score.score,
         "bleu_signature": str(bleu.get_signature()),
         "seconds": seconds,
         "output_subwords_per_second": subwords / seconds if seconds else None,
         "differing_lines": differing,
     }
+    if plain is not None:
+        differing_plain = _differing(plain, reference, sp, budgets)
+        row["one_budget"] = {
+            "identical_lines": len(plain) - len(differing_plain),
+            "differing_where_ours_ran_to_its_budget": sum(d["ours_at_length_budget"] for d in differing_plain),
+            "bleu": sacrebleu.BLEU().corpus_score(plain, [references]).score,
+        }
     print(
         f"{engine:<28} {decoding.name:<20} identical {row['identical_lines']}/{row['lines']} "
-        f"({row['differing_where_ours_ran_to_its_length_budget']} others at our budget) BLEU {row['bleu']:.2f} "
-        f"{_speed(row)} subwords/s",
+        f"{_one_budget(row)} BLEU {row['bleu']:.2f} {_speed(row)} subwords/s",
         flush=True,
     )
     return row
+
+
+def _one_budget(row: dict) -> str:
+    plain = row.get("one_budget")
+    if plain is None:
+        return "-"
+    share, at_budget = plain["identical_lines"] / row["lines"], plain["differing_where_ours_ran_to_its_budget"]
+    return f"{plain['identical_lines']:,} ({share:.2%}; {at_budget} others at our budget)"
 
 
 def main(argv):
@@ -202,21 +251,31 @@ def main(argv):
         budgets = _our_budgets(lines, sp, config)
         searches = {"greedy": greedy, "beam": beam, "beam_alpha_0": beam_alpha_0}
         for decoding in (searches[name] for name in _DECODINGS.value):
+            groups = _budget_groups(budgets, decoding, max_length)
             reference, seconds = _ours(lines, "float32", decoding, passes=2)
-            runs = {"this project, float32": lambda: (reference, seconds)}
+            rows.append(_row("this project, float32", decoding, reference, seconds, reference, references, sp, budgets))
             if decoding is not beam_alpha_0:  # CTranslate2 scores beams with this project's formula.
-                runs["this project, 'auto' dtype"] = lambda: _ours(lines, "auto", decoding, passes=1)
+                auto, _ = _ours(lines, "auto", decoding, passes=1)
+                rows.append(
+                    _row("this project, 'auto' dtype", decoding, auto, None, reference, references, sp, budgets)
+                )
+            engines = {}
+            if decoding is not beam_alpha_0:
                 for name in ("ctranslate2", "ctranslate2_int8"):
                     engine = f"CTranslate2, {'int8' if name.endswith('int8') else 'float32'}"
-                    runs[engine] = lambda name=name: _ctranslate2(
-                        folders[name], lines, decoding, max_source, max_length
-                    )
+                    engines[engine] = lambda name=name: _ctranslate2(folders[name], lines, decoding, max_source, groups)
             if decoding is not beam:  # Hugging Face's length penalty is this project's at alpha 0 only.
-                runs["Hugging Face, float32"] = lambda: _huggingface(
-                    folders["huggingface"], lines, decoding, max_source
+                engines["Hugging Face, float32"] = lambda: _huggingface(
+                    folders["huggingface"], lines, decoding, max_source, groups
                 )
-            for engine, run in runs.items():
-                rows.append(_row(engine, decoding, *run(), reference, references, sp, budgets))
+            for engine, run in engines.items():
+                output = run()
+                plain = None
+                if decoding.beam_size == 1:
+                    plain, output = output.texts(), output.cut(budgets)
+                rows.append(
+                    _row(engine, decoding, output.texts(), output.seconds, reference, references, sp, budgets, plain)
+                )
     record = records.new(
         "a trained run exported both ways: agreement, BLEU and speed on a test set",
         figures={"rows": rows},
@@ -226,14 +285,12 @@ def main(argv):
         **measured_source,
     )
     table = [
-        "| engine | decoding | lines identical to this project's float32 | of the others, ours at its length budget "
-        "| BLEU | output subwords/s |",
+        "| engine | decoding | lines identical to this project's float32 (each sentence's budget) "
+        "| greedy at the engine's one budget (`max_decode_length`) | BLEU | output subwords/s |",
         "|---|---|---:|---:|---:|---:|",
         *(
             f"| {row['engine']} | {row['decoding']} | {row['identical_lines']:,} / {row['lines']:,} "
-            f"({row['identical_lines'] / row['lines']:.2%}) | {row['differing_where_ours_ran_to_its_length_budget']} "
-            f"| {row['bleu']:.2f} "
-            f"| {_speed(row)} |"
+            f"({row['identical_lines'] / row['lines']:.2%}) | {_one_budget(row)} | {row['bleu']:.2f} | {_speed(row)} |"
             for row in rows
         ),
         "",

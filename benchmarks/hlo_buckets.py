@@ -1,4 +1,4 @@
-"""XLA instructions by what they compute, read from a compiled HLO module: benchmarks/step_profile.py's buckets.
+"""XLA instructions by what they compute, read from a compiled HLO module: the step and decoding profiles' buckets.
 
 An instruction's bucket is the first of `BUCKETS` that any of its operations passes, each tested
 by its opcode and its JAX operation name (`metadata.op_name`): a fusion by every operation it
@@ -35,6 +35,34 @@ BUCKETS = (
     ("transposes and copies", lambda opcode, op_name: opcode in ("transpose", "copy") or op_name.endswith("transpose")),
     ("other model work (residuals, activations)", lambda _, __: True),
 )
+
+
+def _outside_model(_, op_name: str) -> bool:
+    """Work of no Transformer module: in a decoding loop, the search's own."""
+    return "Transformer" not in op_name
+
+
+def _is_beam_gather(opcode: str, op_name: str) -> bool:
+    return _outside_model(opcode, op_name) and (opcode == "gather" or "take_along_axis" in op_name)
+
+
+def _is_cache_write(opcode: str, op_name: str) -> bool:
+    return opcode == "dynamic-update-slice" or op_name.endswith("dynamic_update_slice")
+
+
+_BY_LABEL = dict(BUCKETS)
+# The same for a decoding loop (benchmarks/decode_speed.py), where the search takes the optimizer's place.
+DECODE_BUCKETS = (
+    *BUCKETS[:3],  # The matmuls.
+    ("search: reordering beams (cache gathers)", _is_beam_gather),
+    ("search: log-softmax, top-k, bookkeeping", _outside_model),
+    ("cache writes", _is_cache_write),
+    *(
+        (label, _BY_LABEL[label])
+        for label in ("layer norms", "attention softmax and masks", "embeddings and positions")
+    ),
+    *BUCKETS[-3:],  # Casts, transposes and copies, the rest.
+)
 # Operations that compute nothing themselves: left out of a fusion's tests.
 _INERT = {"parameter", "constant", "get-tuple-element", "tuple", "bitcast"}
 CONTAINERS = {"while", "call", "conditional", "async-start", "async-done"}  # Their inner instructions have events.
@@ -67,14 +95,14 @@ def _fused_operations(name: str, instructions: dict, computations: dict) -> list
     return found
 
 
-def bucket(name: str, instructions: dict, computations: dict) -> str:
-    """The first of BUCKETS that any operation of instruction `name` falls in."""
+def bucket(name: str, instructions: dict, computations: dict, buckets=BUCKETS) -> str:
+    """The first of `buckets` that any operation of instruction `name` falls in."""
     operations = [
         (opcode, op_name)
         for opcode, op_name in _fused_operations(name, instructions, computations)
         if opcode not in _INERT and opcode != "fusion"
     ]
     return next(
-        (label for label, test in BUCKETS if any(test(opcode, op_name) for opcode, op_name in operations)),
-        BUCKETS[-1][0],  # Nothing but inert operations.
+        (label for label, test in buckets if any(test(opcode, op_name) for opcode, op_name in operations)),
+        buckets[-1][0],  # Nothing but inert operations.
     )

@@ -9,34 +9,24 @@ instruction's time is summed over all threads (CPU time, so the shares add up ho
 cores split the work) and each instruction is put in one bucket by what it computes, read from
 the compiled module by benchmarks/hlo_buckets.py. Writes a record (benchmarks/records.py) with
 the buckets' milliseconds per step and shares, the largest instructions, and the step's wall
-time outside the profiler; XLA_FLAGS is part of the record.
+time outside the profiler; XLA_FLAGS is part of the record. The profile itself is
+benchmarks/xla_profile.py's.
 """
 
-import collections
-import glob
-import gzip
-import json
 import os
 import statistics
-import tempfile
 import time
 
 import jax
 from absl import app, flags
 
-from benchmarks import config_r, hlo_buckets, records
+from benchmarks import config_r, records, xla_profile
 
 _DTYPE = flags.DEFINE_enum("dtype", "bfloat16", ["bfloat16", "float32"], "Compute dtype of the step.")
 _STEPS = flags.DEFINE_integer("steps", 20, "Profiled steps (after warm-up).")
 _WARMUP_STEPS = flags.DEFINE_integer("warmup_steps", 5, "Steps before the profile (the first compiles).")
 _TIMED_STEPS = flags.DEFINE_integer("timed_steps", 20, "Steps timed without the profiler, for the step's wall time.")
 _OUTPUT = flags.DEFINE_string("output", "", "Record path without suffix (default: step_profile_<dtype>_<cpu kind>).")
-
-
-def _trace_events(trace_dir: str) -> list[dict]:
-    (path,) = glob.glob(os.path.join(trace_dir, "plugins", "profile", "*", "*.trace.json.gz"))
-    with gzip.open(path) as trace:
-        return [event for event in json.load(trace)["traceEvents"] if event.get("ph") == "X"]
 
 
 def main(argv):
@@ -51,49 +41,18 @@ def main(argv):
         start = time.perf_counter()
         step().block_until_ready()
         seconds.append(time.perf_counter() - start)
-    hlo = step.compiled_hlo()
-    instructions, computations = hlo_buckets.operations(hlo)
-    with tempfile.TemporaryDirectory() as trace_dir:
-        with jax.profiler.trace(trace_dir):
-            for _ in range(_STEPS.value):
-                loss = step()
-            loss.block_until_ready()
-        events = _trace_events(trace_dir)
-    per_instruction = collections.Counter()
-    for event in events:
-        if event["name"] in instructions and instructions[event["name"]][0] not in hlo_buckets.CONTAINERS:
-            per_instruction[event["name"]] += event["dur"] / 1e3  # Microseconds to milliseconds.
-    per_bucket = collections.Counter()
-    for name, milliseconds in per_instruction.items():
-        per_bucket[hlo_buckets.bucket(name, instructions, computations)] += milliseconds
-    total = sum(per_bucket.values())
-    steps = _STEPS.value
-    figures = {
-        "step_wall_ms": statistics.median(seconds) * 1e3,
-        "profiled_cpu_ms_per_step": total / steps,
-        "buckets": {
-            label: {"cpu_ms_per_step": per_bucket[label] / steps, "share": per_bucket[label] / total}
-            for label, _ in hlo_buckets.BUCKETS
-        },
-        "largest_instructions": [
-            {
-                "name": name,
-                "bucket": hlo_buckets.bucket(name, instructions, computations),
-                "op_name": instructions[name][1],
-                "cpu_ms_per_step": milliseconds / steps,
-            }
-            for name, milliseconds in per_instruction.most_common(15)
-        ],
-    }
+    profiled = xla_profile.profile(lambda: step().block_until_ready(), step.compiled_hlo(), calls=_STEPS.value)
+    figures = {"step_wall_ms": statistics.median(seconds) * 1e3, **profiled}
     table = [
         f"Config R train step, {_DTYPE.value}: {figures['step_wall_ms']:.0f} ms wall a step (median of "
-        f"{_TIMED_STEPS.value}, no profiler); {figures['profiled_cpu_ms_per_step']:.0f} ms of XLA instructions' "
-        f"CPU time a step over all threads ({steps} profiled steps). XLA_FLAGS: `{os.environ.get('XLA_FLAGS', '')}`.",
+        f"{_TIMED_STEPS.value}, no profiler); {figures['profiled_cpu_ms_per_call']:.0f} ms of XLA instructions' "
+        f"CPU time a step over all threads ({_STEPS.value} profiled steps). "
+        f"XLA_FLAGS: `{os.environ.get('XLA_FLAGS', '')}`.",
         "",
         "| operations | CPU ms a step | share |",
         "|---|---:|---:|",
         *(
-            f"| {label} | {row['cpu_ms_per_step']:.1f} | {row['share']:.1%} |"
+            f"| {label} | {row['cpu_ms_per_call']:.1f} | {row['share']:.1%} |"
             for label, row in figures["buckets"].items()
         ),
     ]

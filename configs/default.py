@@ -177,6 +177,7 @@ def get_config() -> ml_collections.ConfigDict:
     # Source sentences of the validation split translated for the BLEU check
     # during training (0: skip it).
     eval_config.num_bleu_sentences = 512
+    # The longest output: each sentence gets min(this, 2 x its source's subwords + 8) (models/decoding.py).
     eval_config.max_decode_length = 256
     eval_config.per_device_batch_size = 32  # Sentences; beam search decodes beam_size hypotheses each.
     # Decoding for evaluation and translate.py. beam_size 1 is greedy; the paper uses

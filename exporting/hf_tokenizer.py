@@ -15,6 +15,18 @@ from common.special_ids import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 
 # SentencePiece's word-boundary mark, which the pieces carry in front of each word.
 WORD_BOUNDARY = "\u2581"
+# Leading spaces the decoder drops, at most: more than any output has (Strip needs a bound).
+_MAX_LEADING_SPACES = 1 << 16
+
+
+def _decoder(strip_leading_spaces: bool) -> decoders.Decoder:
+    """Pieces to text as SentencePiece joins them: each word boundary a space, and with a dummy
+    prefix, every leading space dropped (not only the first piece's: an output may start with bare
+    boundary pieces, which SentencePiece also drops)."""
+    steps = [decoders.Replace(WORD_BOUNDARY, " "), decoders.Fuse()]
+    if strip_leading_spaces:
+        steps.append(decoders.Strip(content=" ", left=_MAX_LEADING_SPACES, right=0))
+    return decoders.Sequence(steps)
 
 
 def _tokenizer(proto: sentencepiece_model_pb2.ModelProto) -> Tokenizer:
@@ -29,7 +41,7 @@ def _tokenizer(proto: sentencepiece_model_pb2.ModelProto) -> Tokenizer:
     tokenizer.pre_tokenizer = pre_tokenizers.Metaspace(
         replacement=WORD_BOUNDARY, prepend_scheme=prepend, split=proto.trainer_spec.split_by_whitespace
     )
-    tokenizer.decoder = decoders.Metaspace(replacement=WORD_BOUNDARY, prepend_scheme=prepend)
+    tokenizer.decoder = _decoder(strip_leading_spaces=proto.normalizer_spec.add_dummy_prefix)
     eos = proto.pieces[EOS_ID].piece
     # The encoder's input is the sentence then <eos>, with no <bos> (the decoder starts from <bos>).
     tokenizer.post_processor = processors.TemplateProcessing(

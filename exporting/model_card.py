@@ -42,6 +42,17 @@ _DECODING_NOTES = {
 }
 
 
+_LENGTH_NOTE = (
+    "Length: `translate.py` stops each translation at min({max_decode_length}, 2 x source subwords + 8) "
+    "subwords (the source with its `</s>`), a budget of its own. {option} is one number a call: a "
+    "translation that runs that long without `</s>` is cut elsewhere unless each sentence gets its own."
+)
+_LENGTH_OPTION = {
+    "huggingface": "`generate`'s `max_new_tokens` (default {max_decode_length})",
+    "ctranslate2": "`translate_batch`'s `max_decoding_length`",
+}
+
+
 def evaluation_scores(workdir: str) -> dict[str, dict]:
     """The scores of each evaluated split (`<workdir>/eval/<split>/scores.json`), by split name."""
     root = Workdir(workdir).evaluations
@@ -128,6 +139,11 @@ def model_card(
         usage,
         "",
         _DECODING_NOTES[export_format],
+        "",
+        _LENGTH_NOTE.format(
+            max_decode_length=config.eval.max_decode_length,
+            option=_LENGTH_OPTION[export_format].format(max_decode_length=config.eval.max_decode_length),
+        ),
         "",
         "## The run's config",
         "",

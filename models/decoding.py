@@ -7,14 +7,15 @@ whole prefix at every step: the reference the cached path is tested and
 benchmarked against. The loops themselves are in models/search.py.
 
 Outputs are [batch, max_length] int32 ids, each row ending at its first <eos>
-(included) and padded after it; a row that reaches `max_length` without <eos> is
-returned as it is.
+(included) and padded after it; a row that reaches its budget (`decode_length` of its
+own source, at most `max_length`) without <eos> is returned as it is.
 """
 
 from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from models.config import TransformerConfig
 from models.search import ChooseToken, NextTokenLogits, beam_search_loop, search_loop
@@ -95,6 +96,7 @@ def generate(
     eos_id: int,
     pad_id: int = 0,
     use_cache: bool = True,
+    budgets: Array | None = None,
 ) -> Array:
     """Translates a batch one token a step, each picked by `choose_token` from the model's logits.
 
@@ -109,6 +111,8 @@ def generate(
         max_length: the most tokens to generate (static).
         bos_id, eos_id, pad_id: special ids.
         use_cache: see `model_next_token_logits`.
+        budgets: [batch] int, the most tokens of each row (at most max_length), e.g.
+            `decode_length` of each source's length; None: max_length for every row.
 
     Returns:
         [batch, max_length] int32 output ids.
@@ -124,6 +128,7 @@ def generate(
         bos_id=bos_id,
         eos_id=eos_id,
         pad_id=pad_id,
+        budgets=budgets,
     )
 
 
@@ -140,12 +145,13 @@ def beam_search(
     pad_id: int = 0,
     use_cache: bool = True,
     return_all: bool = False,
+    budgets: Array | None = None,
 ) -> Array | tuple[Array, Array]:
     """Translates a batch with beam search and the GNMT length penalty.
 
     Args:
-        params, inputs, model, max_length, bos_id, eos_id, pad_id, use_cache: as in
-            `generate`.
+        params, inputs, model, max_length, bos_id, eos_id, pad_id, use_cache, budgets:
+            as in `generate`.
         beam_size: hypotheses kept per sentence (static); 1 equals greedy decoding
             when alpha is 0.
         alpha: length penalty exponent (static), see `length_penalty`; the paper uses 0.6.
@@ -169,6 +175,7 @@ def beam_search(
         bos_id=bos_id,
         eos_id=eos_id,
         pad_id=pad_id,
+        budgets=budgets,
     )
     return (tokens, scores) if return_all else tokens[:, 0]
 
@@ -205,6 +212,13 @@ def decoding_memory_bytes(
     return self_cache + cross_cache + logits
 
 
-def decode_length(source_length: int, max_decode_length: int) -> int:
-    """Output budget for sources padded to `source_length`: generous, bounded."""
-    return min(max_decode_length, 2 * source_length + 8)
+def decode_length(source_length, max_decode_length: int):
+    """The most subwords a translation of a source of `source_length` ids (<eos> included) may have.
+
+    Generous (twice the source and a margin: translations run longer than their sources
+    in some languages), and capped by `max_decode_length`. An int for an int, or
+    elementwise for an array of lengths ([batch] -> [batch] int32): each sentence's own
+    budget, so that its translation does not depend on the batch it is decoded in.
+    """
+    budget = np.minimum(max_decode_length, 2 * np.asarray(source_length) + 8)
+    return int(budget) if budget.ndim == 0 else budget.astype(np.int32)

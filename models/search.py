@@ -4,8 +4,9 @@ Both are `lax.while_loop`s that exit as soon as every row of the batch is done, 
 never emit <pad> or <bos>. They take the model as a `NextTokenLogits` function
 (models/decoding.py binds the Transformer to one), so that they can be tested on
 scripted logits. Tokens are [rows, max_length] int32 ids, each row ending at its first
-<eos> (included) and padded after it; a row that reaches `max_length` without <eos> is
-returned as it is.
+<eos> (included) and padded after it; a row that reaches its length budget without <eos>
+is returned as it is. Each row may have a budget of its own (at most `max_length`, the
+arrays' static length), so that a sentence's output does not depend on the batch it is in.
 """
 
 from collections.abc import Callable
@@ -72,8 +73,9 @@ def search_loop(
     bos_id: int,
     eos_id: int,
     pad_id: int,
+    budgets: Array | None = None,
 ) -> Array:
-    """Extends one hypothesis per row, a token a step, until every row has emitted <eos>.
+    """Extends one hypothesis per row, a token a step, until every row has emitted <eos> or used its budget.
 
     Args:
         next_token_logits: the model's next-token logits given the tokens so far.
@@ -84,11 +86,15 @@ def search_loop(
         rng: PRNG key; step i uses fold_in(rng, i).
         max_length: the most tokens to generate (static).
         bos_id, eos_id, pad_id: special ids.
+        budgets: [rows] int, the most tokens of each row (at most max_length; None:
+            max_length for every row). A row stops there, with or without <eos>.
 
     Returns:
         [rows, max_length] int32 ids.
     """
-    tokens = jnp.full((finished.shape[0], max_length + 1), pad_id, jnp.int32).at[:, 0].set(bos_id)
+    rows = finished.shape[0]
+    tokens = jnp.full((rows, max_length + 1), pad_id, jnp.int32).at[:, 0].set(bos_id)
+    budgets = jnp.full((rows,), max_length, jnp.int32) if budgets is None else jnp.asarray(budgets, jnp.int32)
 
     def not_done(carry):
         position, _, finished, _ = carry
@@ -101,7 +107,8 @@ def search_loop(
         next_token = choose_token(logits, jax.random.fold_in(rng, position))
         next_token = jnp.where(finished, pad_id, next_token)
         tokens = tokens.at[:, position + 1].set(next_token)
-        return position + 1, tokens, finished | (next_token == eos_id), state
+        finished = finished | (next_token == eos_id) | (position + 1 >= budgets)
+        return position + 1, tokens, finished, state
 
     carry = (jnp.array(0, jnp.int32), tokens, finished, state)
     _, tokens, _, _ = jax.lax.while_loop(not_done, step, carry)
@@ -156,6 +163,7 @@ def beam_search_loop(
     bos_id: int,
     eos_id: int,
     pad_id: int,
+    budgets: Array | None = None,
 ) -> tuple[Array, Array]:
     """Beam search over `beam_size` hypotheses per row, keeping finished ones apart.
 
@@ -163,10 +171,10 @@ def beam_search_loop(
     2 * beam_size best extensions by log-probability (enough that beam_size of
     them are not <eos>), those ending in <eos> join the row's finished
     hypotheses, scored log P / lp, and the best beam_size others stay live. A
-    live hypothesis that reaches max_length is finished as it is. A row is done
-    when it holds beam_size finished hypotheses and no live one can still beat
-    the worst of them (its log-probability can only fall, its penalty rise to at
-    most lp(max_length)).
+    live hypothesis that reaches its row's budget is finished as it is. A row is
+    done when it holds beam_size finished hypotheses and no live one can still
+    beat the worst of them (its log-probability can only fall, its penalty rise
+    to at most lp(budget)), or at its budget.
 
     Args:
         next_token_logits: the model, over rows = batch * beam_size hypotheses
@@ -177,7 +185,8 @@ def beam_search_loop(
         skip: [batch] bool, rows that need no decoding (all-padding filler rows).
         beam_size: hypotheses kept per row (static).
         alpha: the length penalty exponent (static).
-        max_length, bos_id, eos_id, pad_id: as in `search_loop`.
+        max_length, bos_id, eos_id, pad_id, budgets: as in `search_loop` ([batch]
+            budgets, one per row of hypotheses).
 
     Returns:
         tokens: [batch, beam_size, max_length] int32 finished hypotheses, best first.
@@ -189,11 +198,12 @@ def beam_search_loop(
     # first, or the row would fill with copies of the same hypotheses.
     live_log_probs = jnp.where(jnp.arange(k) == 0, 0.0, NEG_INF) * jnp.ones((batch_size, 1))
     finished_scores = jnp.full((batch_size, k), NEG_INF)
-    max_penalty = length_penalty(max_length, alpha)
+    budgets = jnp.full((batch_size,), max_length, jnp.int32) if budgets is None else jnp.asarray(budgets, jnp.int32)
+    max_penalty = length_penalty(budgets, alpha)
 
     def row_done(position, live_log_probs, finished_scores):
         best_reachable = live_log_probs[:, 0] / max_penalty  # Beams are kept sorted: 0 is best.
-        return skip | (finished_scores[:, -1] >= best_reachable) | (position >= max_length)
+        return skip | (finished_scores[:, -1] >= best_reachable) | (position >= budgets)
 
     def not_done(carry):
         position, _, live_log_probs, _, finished_scores, _ = carry
@@ -213,11 +223,12 @@ def beam_search_loop(
         tokens = jnp.take_along_axis(live_tokens, parent[:, :, None], axis=1)
         tokens = tokens.at[:, :, position + 1].set(token)
         ends = token == eos_id
-        last_step = position + 1 == max_length
-        # Extensions of the placeholder beams (first steps, tiny vocabularies) are not hypotheses.
-        real = top_log_probs > NEG_INF / 2
+        last_step = (position + 1 == budgets)[:, None]
+        # Extensions of the placeholder beams (first steps, tiny vocabularies) are not hypotheses,
+        # nor are those of a row past its budget (it waits for the batch's others).
+        real = (top_log_probs > NEG_INF / 2) & (position < budgets)[:, None]
 
-        # Finished: <eos> extensions, and every extension once max_length is reached.
+        # Finished: <eos> extensions, and every extension once the budget is reached.
         new_scores = jnp.where(real & (ends | last_step), top_log_probs / length_penalty(position + 1, alpha), NEG_INF)
         finished_scores, finished_tokens = _top_k_of_rows(
             jnp.concatenate([finished_scores, new_scores], axis=1),

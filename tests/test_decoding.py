@@ -13,7 +13,7 @@ from conftest import TINY_MODEL
 from tolerances import FLOAT32_EPS, rounding_tolerance, transformer_operations
 
 from models import Transformer
-from models.decoding import beam_search, generate
+from models.decoding import beam_search, decode_length, generate
 from models.search import NEG_INF, argmax_token, beam_search_loop, length_penalty, sampled_token, search_loop
 
 BOS, EOS, PAD = 2, 3, 0
@@ -316,3 +316,31 @@ def test_beam_search_leaves_padding_rows_as_padding():
     out = beam_search(params, inputs, model=model, beam_size=3, alpha=0.6, max_length=6, **_IDS)
     np.testing.assert_array_equal(out[2], np.zeros(6))
     assert np.all(np.asarray(out[:2, 0]) != PAD)
+
+
+# --------------------------------------------------------------------------- #
+# Budgets: each row's own length limit, whatever the batch's.
+# --------------------------------------------------------------------------- #
+
+
+def test_decode_length_is_each_sources_own():
+    assert decode_length(5, 100) == 18 and decode_length(60, 100) == 100
+    np.testing.assert_array_equal(decode_length(np.array([0, 5, 60]), 100), [8, 18, 100])
+
+
+@pytest.mark.parametrize("search", ["greedy", "beam"])
+def test_a_rows_output_depends_on_its_budget_not_on_the_batchs_length(search):
+    """Decoded with budgets [3, 7, 10] in arrays of 10, each row is what it is decoded alone at its budget."""
+    model, params, inputs = _model()
+    params = jax.tree.map(lambda x: 5.0 * x, params)  # Confident enough to run on without <eos>.
+    decode = {
+        "greedy": functools.partial(generate, model=model, choose_token=argmax_token, **_IDS),
+        "beam": functools.partial(beam_search, model=model, beam_size=3, alpha=0.6, **_IDS),
+    }[search]
+    budgets = np.array([3, 7, 10], np.int32)
+    together = np.asarray(jax.jit(functools.partial(decode, max_length=10))(params, inputs, budgets=budgets))
+    for row, budget in enumerate(budgets):
+        alone = np.asarray(decode(params, inputs[row : row + 1], max_length=int(budget)))[0]
+        np.testing.assert_array_equal(together[row], np.pad(alone, (0, 10 - budget), constant_values=PAD))
+    unlimited = np.asarray(decode(params, inputs[:1], max_length=10))[0]
+    assert EOS not in unlimited[:3] and unlimited[3] != PAD  # The budget cut row 0, or the test shows nothing.

@@ -8,9 +8,11 @@ import pytest
 from conftest import run_entry_point
 
 from common.errors import UserInputError
+from common.special_ids import EOS_ID
 from configs.sweeps import table3
 from exporting import dependencies, folder, support
 from exporting.network import sin_then_cos_order
+from input_pipeline.tokenizer import train_tokenizer
 from models.embeddings import sinusoidal_positions
 
 # What each Table 3 variant's model cannot be exported for: the config field the error names.
@@ -150,3 +152,21 @@ def test_export_names_the_config_field_before_reading_a_checkpoint(tmp_path):
             f"{export_format} export holds 'sinusoidal' or 'learned'"
         )
         assert "Traceback" not in result.stderr and not output.exists()
+
+
+def test_huggingface_tokenizer_decodes_any_ids_as_sentencepiece_does(small_corpus, tmp_path):
+    """Outputs are ids the model chose, not only what SentencePiece would encode: starting with lone
+    word-boundary pieces, say, whose spaces SentencePiece drops (its ids are what translate.py prints)."""
+    pytest.importorskip("transformers")
+    from exporting.hf_tokenizer import WORD_BOUNDARY, huggingface_tokenizer  # After importorskip.
+
+    with open(os.path.join(small_corpus, "train.de"), encoding="utf-8") as f:
+        sp = train_tokenizer(f.read().splitlines(), str(tmp_path / "sp.model"), vocab_size=500)
+    tokenizer = huggingface_tokenizer(sp, max_length=64)
+    boundary = sp.piece_to_id(WORD_BOUNDARY)
+    assert sp.id_to_piece(boundary) == WORD_BOUNDARY  # A piece of its own, which a model may emit.
+    rng = np.random.default_rng(0)
+    for _ in range(500):
+        ids = [int(i) for i in rng.integers(EOS_ID + 1, sp.get_piece_size(), rng.integers(1, 8))]
+        ids = [boundary] * int(rng.integers(0, 3)) + ids
+        assert tokenizer.decode(ids + [EOS_ID], skip_special_tokens=True) == sp.decode(ids), ids

@@ -24,7 +24,7 @@ from common.workdir import Workdir
 from exporting.network import network_from_params
 from input_pipeline.batching import RaggedIds
 from models import Transformer
-from models.decoding import generate
+from models.decoding import decode_length, generate
 from models.search import argmax_token
 from training import inference
 from training.tasks import translation, translation_eval
@@ -124,6 +124,11 @@ class Ours:
         sources = [self.trained.tokenizer.encode(s) + [EOS_ID] for s in self.sentences]
         return translation_eval.translate_ids(setup, self.trained.params, RaggedIds.from_lists(sources))
 
+    def budgets(self) -> list[int]:
+        """Each sentence's output budget in our decoding: `decode_length` of its source, <eos> included."""
+        lengths = np.array([len(self.trained.tokenizer.encode(s)) + 1 for s in self.sentences])
+        return decode_length(lengths, self.config.eval.max_decode_length).tolist()
+
     def logits(self, sources: np.ndarray, targets: np.ndarray) -> np.ndarray:
         """Teacher-forced float32 logits [batch, tgt_len, vocab] of padded id batches."""
         return np.array(_teacher_forced_logits(self.trained.model, self.trained.params, sources, targets))
@@ -172,6 +177,24 @@ def _generated_ids(row) -> list[int]:
     """Ids after the decoder's start token, up to (not including) the first <eos>."""
     ids = [int(i) for i in row[1:]]
     return ids[: ids.index(EOS_ID)] if EOS_ID in ids else [i for i in ids if i != PAD_ID]
+
+
+def _cut_to_budgets(outputs: list[list[int]], budgets: list[int]) -> list[list[int]]:
+    """Greedy outputs (without <eos>) as a decoding with each sentence's own budget gives them.
+
+    The other engines take one budget a call. A greedy output's first n tokens do not depend on
+    how many follow, so an output decoded with a larger budget, cut to a sentence's own, is that
+    sentence's output at its own budget.
+    """
+    return [ids[:budget] for ids, budget in zip(outputs, budgets)]
+
+
+def _by_budget(budgets: list[int]) -> dict[int, list[int]]:
+    """Sentence indices by output budget: beam search decodes each group with its own."""
+    groups = {}
+    for i, budget in enumerate(budgets):
+        groups.setdefault(budget, []).append(i)
+    return groups
 
 
 # --------------------------------------------------------------------------- #
@@ -285,14 +308,12 @@ def test_huggingface_greedy_generate_translates_as_we_do(hf, ours):
     tokenizer, model = hf
     with torch.no_grad():
         output = model.generate(**tokenizer(ours.sentences, return_tensors="pt", padding=True), num_beams=1)
-    theirs = [_generated_ids(row) for row in output.tolist()]
+    theirs = _cut_to_budgets([_generated_ids(row) for row in output.tolist()], ours.budgets())
     expected = ours.translate_ids()
     assert sum(len(ids) > 0 for ids in expected) >= len(expected) // 2, "the model translates to nothing"
     assert theirs == expected
     # transformers 5 has no "translation" pipeline any more (it points to chat models): decoding is the user's step.
-    # Text: SentencePiece drops every leading space of an output that starts with lone "▁" pieces, the
-    # tokenizers library's Metaspace decoder one; the ids above are the same.
-    texts = [text.lstrip() for text in tokenizer.batch_decode(output, skip_special_tokens=True)]
+    texts = tokenizer.batch_decode([[BOS_ID, *ids] for ids in theirs], skip_special_tokens=True)
     assert texts == [ours.trained.tokenizer.decode(ids) for ids in expected]
 
 
@@ -302,8 +323,8 @@ def _scores(ours: Ours, rows: list[int], hypotheses: list[list[int]], alpha: flo
     <eos> is counted where the hypothesis has one (those that reach the length limit have none).
     """
     sp = ours.trained.tokenizer
-    limit = ours.config.eval.max_decode_length
-    finished = [ids + [EOS_ID] if len(ids) < limit else ids for ids in hypotheses]
+    budgets = ours.budgets()
+    finished = [ids + [EOS_ID] if len(ids) < budgets[row] else ids for row, ids in zip(rows, hypotheses)]
     sources = _padded([sp.encode(ours.sentences[row]) + [EOS_ID] for row in rows])
     targets = _padded(finished)
     logits = ours.logits(sources, targets)
@@ -335,12 +356,15 @@ def _check_beam_results(ours: Ours, theirs: list[list[int]], expected: list[list
 def test_huggingface_beam_search_without_length_penalty_translates_as_we_do(hf, ours):
     """transformers divides log P by length ** alpha, we by ((5 + length) / 6) ** alpha: the same only at alpha 0."""
     tokenizer, model = hf
-    with torch.no_grad():
-        output = model.generate(
-            **tokenizer(ours.sentences, return_tensors="pt", padding=True), num_beams=4, length_penalty=0.0
-        )
+    theirs = [None] * len(ours.sentences)
+    for budget, rows in _by_budget(ours.budgets()).items():
+        batch = tokenizer([ours.sentences[i] for i in rows], return_tensors="pt", padding=True)
+        with torch.no_grad():
+            output = model.generate(**batch, num_beams=4, length_penalty=0.0, max_new_tokens=budget)
+        for i, row in zip(rows, output.tolist()):
+            theirs[i] = _generated_ids(row)
     expected = ours.translate_ids(beam_size=4, length_penalty=0.0)
-    _check_beam_results(ours, [_generated_ids(row) for row in output.tolist()], expected, 0.0, "huggingface")
+    _check_beam_results(ours, theirs, expected, 0.0, "huggingface")
 
 
 # --------------------------------------------------------------------------- #
@@ -385,17 +409,21 @@ def test_ctranslate2_scores_equal_ours(translator, pieces, ours):
 def test_ctranslate2_greedy_translates_as_we_do(translator, pieces, ours):
     results = translator.translate_batch(pieces, beam_size=1, max_decoding_length=ours.config.eval.max_decode_length)
     sp = ours.trained.tokenizer
-    assert [[sp.piece_to_id(p) for p in r.hypotheses[0]] for r in results] == ours.translate_ids()
+    theirs = [[sp.piece_to_id(p) for p in r.hypotheses[0]] for r in results]
+    assert _cut_to_budgets(theirs, ours.budgets()) == ours.translate_ids()
 
 
 def test_ctranslate2_beam_search_with_the_runs_length_penalty_translates_as_we_do(translator, pieces, ours):
     """CTranslate2's length penalty is GNMT's ((5 + length) / 6) ** alpha, as ours, <eos> counted in both."""
     alpha = ours.config.eval.length_penalty
-    results = translator.translate_batch(
-        pieces, beam_size=4, length_penalty=alpha, max_decoding_length=ours.config.eval.max_decode_length
-    )
     sp = ours.trained.tokenizer
-    theirs = [[sp.piece_to_id(p) for p in r.hypotheses[0]] for r in results]
+    theirs = [None] * len(pieces)
+    for budget, rows in _by_budget(ours.budgets()).items():
+        results = translator.translate_batch(
+            [pieces[i] for i in rows], beam_size=4, length_penalty=alpha, max_decoding_length=budget
+        )
+        for i, result in zip(rows, results):
+            theirs[i] = [sp.piece_to_id(p) for p in result.hypotheses[0]]
     _check_beam_results(ours, theirs, ours.translate_ids(beam_size=4), alpha, "ctranslate2")
 
 

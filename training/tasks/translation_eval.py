@@ -25,7 +25,7 @@ from training.reporting.scores import nulls_for_nonfinite, write_scores
 from training.runtime.sharding import process_rows, shard_batch
 
 EvalFn = Callable  # (params, batch) -> {'nll', 'correct', 'tokens'} sums
-DecodeFn = Callable  # (params, inputs, rng, max_length=) -> [batch, max_length] ids
+DecodeFn = Callable  # (params, inputs, budgets, rng, max_length=) -> [batch, max_length] ids
 
 
 def make_decode_fn(model: Transformer, eval_config: ml_collections.ConfigDict) -> DecodeFn:
@@ -33,7 +33,11 @@ def make_decode_fn(model: Transformer, eval_config: ml_collections.ConfigDict) -
     special = dict(bos_id=BOS_ID, eos_id=EOS_ID, pad_id=PAD_ID)
     if eval_config.temperature > 0:
         choose_token = sampled_token(eval_config.temperature, eval_config.top_k)
-        decode = functools.partial(generate, model=model, choose_token=choose_token, **special)
+        sample = functools.partial(generate, model=model, choose_token=choose_token, **special)
+
+        def decode(params, inputs, budgets, rng, *, max_length):
+            return sample(params, inputs, rng, max_length=max_length, budgets=budgets)
+
     else:
         if eval_config.beam_size > 1:
             search = functools.partial(
@@ -42,9 +46,9 @@ def make_decode_fn(model: Transformer, eval_config: ml_collections.ConfigDict) -
         else:
             search = functools.partial(generate, model=model, choose_token=argmax_token, **special)
 
-        def decode(params, inputs, rng, *, max_length):
+        def decode(params, inputs, budgets, rng, *, max_length):
             del rng  # Search is deterministic.
-            return search(params, inputs, max_length=max_length)
+            return search(params, inputs, max_length=max_length, budgets=budgets)
 
     return jax.jit(decode, static_argnames=("max_length",))
 
@@ -90,8 +94,9 @@ def translate_ids(setup: EvalSetup, params, sources: batching.RaggedIds) -> list
     """Output ids of every source, in their order, each cut before its first <eos>.
 
     Sources are batched by their own length; those longer than the last bucket are
-    cut to it, keeping their <eos> (callers warn). An empty source (only <eos>) is not
-    decoded: its output is empty. Every process gets every output.
+    cut to it, keeping their <eos> (callers warn). Each output has the budget of its own
+    source (`decode_length`), whatever batch it is in. An empty source (only <eos>) is
+    not decoded: its output is empty. Every process gets every output.
     """
     outputs = [[] for _ in range(len(sources))]
     nonempty = np.flatnonzero(sources.lengths > 1)
@@ -99,10 +104,11 @@ def translate_ids(setup: EvalSetup, params, sources: batching.RaggedIds) -> list
     rows = functools.partial(process_rows, mesh=setup.mesh, rules=setup.rules)
     batches = batching.source_batches(sources.select(nonempty), setup.boundaries, setup.batch_sizes, rows)
     for batch_index, (inputs, indices) in enumerate(batches):
-        max_length = decode_length(inputs.shape[1], setup.max_decode_length)
-        sharded = shard_batch({"inputs": inputs}, setup.mesh, setup.rules)["inputs"]
+        max_length = decode_length(inputs.shape[1], setup.max_decode_length)  # The longest source's budget.
+        budgets = decode_length(np.sum(inputs != PAD_ID, axis=1), setup.max_decode_length)
+        sharded = shard_batch({"inputs": inputs, "budgets": budgets}, setup.mesh, setup.rules)
         rng = jax.random.fold_in(base_rng, batch_index)
-        decoded = setup.decode_fn(params, sharded, rng, max_length=max_length)
+        decoded = setup.decode_fn(params, sharded["inputs"], sharded["budgets"], rng, max_length=max_length)
         decoded = multihost_utils.process_allgather(decoded, tiled=True)  # [batch, max_length] on every process.
         for row, index in enumerate(indices):
             ids = decoded[row].tolist()
