@@ -254,6 +254,12 @@ def main(argv):
                 + " |"
                 for label, _ in hlo_buckets.DECODE_BUCKETS
             ),
+            "| all instructions | "
+            + " | ".join(f"{p['profiled_cpu_ms_per_call']:.0f}" for p in profiles.values())
+            + " |",
+            "| wall time a batch x threads (unprofiled) | "
+            + " | ".join(f"{baseline[beam_size] * 1e3 * os.cpu_count():.0f}" for beam_size in profiles)
+            + " |",
         ]
     record = records.new(
         "decoding speed: this project's search, cached and uncached, and CTranslate2",
