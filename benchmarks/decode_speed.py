@@ -4,7 +4,8 @@ r"""Decoding speed: this project's jitted search, cached and uncached, beside CT
 
 Decodes the same batch of real test sources (the bundled corpus, or the config's dataset) with
 every setting, alternating in rounds so that a noisy neighbour affects all alike, and reports
-the median time of a batch. Every hypothesis generates exactly `--length` tokens, so that all
+the median time of a batch. This project decodes as translate.py does: greedy search for beam
+1, beam search otherwise. Every hypothesis generates exactly `--length` tokens, so that all
 settings do the same work: this project's search gets an <eos> id no token has, CTranslate2 a
 minimum and maximum decoding length of `--length`. Settings, for each beam size: this project
 with the key/value cache and without it (the whole prefix rerun at every step), and CTranslate2
@@ -37,7 +38,8 @@ from exporting.network import network_from_params
 from input_pipeline import batching
 from input_pipeline.corpus import load_corpus
 from models.build import compute_dtype, make_model
-from models.decoding import beam_search
+from models.decoding import beam_search, generate
+from models.search import argmax_token
 from training.inference import load_trained_model
 from training.reporting.logs import quiet_library_logs
 from training.runtime import host_memory, sharding
@@ -82,21 +84,17 @@ def _sources(config, workdir: str | None, batch_size: int):
 
 
 def _jax_settings(model, params, inputs, beam_size: int, with_uncached: bool) -> list[Setting]:
+    """This project's decoding as translate.py runs it: greedy (`generate`) for beam 1, else beam search."""
     settings = []
+    special = dict(max_length=_LENGTH.value, bos_id=BOS_ID, eos_id=_NEVER, pad_id=PAD_ID)
     for use_cache in (True, False) if with_uncached else (True,):
-        decode = jax.jit(
-            functools.partial(
-                beam_search,
-                model=model,
-                beam_size=beam_size,
-                alpha=0.6,
-                max_length=_LENGTH.value,
-                bos_id=BOS_ID,
-                eos_id=_NEVER,
-                pad_id=PAD_ID,
-                use_cache=use_cache,
+        if beam_size == 1:
+            search = functools.partial(generate, model=model, choose_token=argmax_token, use_cache=use_cache, **special)
+        else:
+            search = functools.partial(
+                beam_search, model=model, beam_size=beam_size, alpha=0.6, use_cache=use_cache, **special
             )
-        )
+        decode = jax.jit(search)
         engine = f"this project, {model.config.dtype}, {'cached' if use_cache else 'uncached'}"
         settings.append(
             Setting(

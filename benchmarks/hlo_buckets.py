@@ -19,6 +19,15 @@ def _is_attention_product(opcode: str, op_name: str) -> bool:
     return _is_matmul(opcode, op_name) and re.search(r"_attention\.attend/dot_general$", op_name) is not None
 
 
+def _outside_model(_, op_name: str) -> bool:
+    """Work of no Transformer module (a train step's optimizer, a decoding loop's search).
+
+    An operation without an op_name (one XLA made, such as a layout copy inside a fusion) is
+    nobody's: the fusion's other operations say what it is.
+    """
+    return bool(op_name) and "Transformer" not in op_name
+
+
 # (bucket, test on one operation: its opcode and JAX op_name). An instruction goes to the first
 # bucket any of its operations (a fusion's: every fused one) passes.
 BUCKETS = (
@@ -30,16 +39,11 @@ BUCKETS = (
     ("layer norms", lambda _, op_name: "_norm/" in op_name or "LayerNorm" in op_name),
     ("attention softmax and masks", lambda _, op_name: "attention" in op_name),
     ("embeddings and positions", lambda _, op_name: "embed" in op_name),
-    ("optimizer (Adam, gradient norm, finite checks)", lambda _, op_name: "Transformer" not in op_name),
+    ("optimizer (Adam, gradient norm, finite checks)", _outside_model),
     ("casts", lambda opcode, op_name: opcode == "convert" or op_name.endswith("convert_element_type")),
     ("transposes and copies", lambda opcode, op_name: opcode in ("transpose", "copy") or op_name.endswith("transpose")),
     ("other model work (residuals, activations)", lambda _, __: True),
 )
-
-
-def _outside_model(_, op_name: str) -> bool:
-    """Work of no Transformer module: in a decoding loop, the search's own."""
-    return "Transformer" not in op_name
 
 
 def _is_beam_gather(opcode: str, op_name: str) -> bool:

@@ -78,6 +78,33 @@ def _classification(figures: dict) -> str:
     )
 
 
+def _export_agreement(figures: dict) -> str:
+    def share(engine: str) -> str:
+        row = next(r for r in figures["rows"] if r["engine"] == engine and r["decoding"] == "greedy")
+        return f"{engine.split(',')[0]} {row['identical_lines'] / row['lines']:.2%}"
+
+    return "greedy float32 lines identical to `translate.py`'s: " + ", ".join(
+        share(engine) for engine in ("CTranslate2, float32", "Hugging Face, float32")
+    )
+
+
+def _decode_speed(figures: dict) -> str:
+    def speed(engine: str, beam_size: int) -> str:
+        row = next(r for r in figures["rows"] if r["engine"] == engine and r["beam_size"] == beam_size)
+        return f"{row['output_tokens_per_second']:,.0f}"
+
+    ours = next(r["engine"] for r in figures["rows"] if r["engine"].endswith(", cached"))
+    batch = f"{figures['batch']} test sentences, {figures['length']} tokens each"
+    return f"output tokens/s, greedy / beam 4 ({batch}): " + "; ".join(
+        f"{name} {speed(engine, 1)} / {speed(engine, 4)}"
+        for name, engine in (
+            (ours.removesuffix(", cached").replace("this project", "ours"), ours),
+            ("CTranslate2 float32", "CTranslate2, float32"),
+            ("int8", "CTranslate2, int8"),
+        )
+    )
+
+
 @dataclasses.dataclass(frozen=True)
 class Row:
     what: str
@@ -91,6 +118,8 @@ ROWS = (
     Row("train step against PyTorch 2.13 eager `nn.Transformer` (config R)", "peer_throughput_*", _peer),
     Row("restart on a 4.5M-pair corpus: command start to the last step", "large_corpus_restart_*", _restart),
     Row("classification of the bundled help topics (7 classes)", "classify_*", _classification),
+    Row("quick-start model exported, translating the test set", "export_agreement_*", _export_agreement),
+    Row("decoding speed beside CTranslate2, the same weights and sentences", "decode_speed_*", _decode_speed),
     Row("Transformer-base and -big train step, bf16, one device", "accelerator_check_base_big_*", _accelerator),
 )
 # Rows that link to a page instead of a record.

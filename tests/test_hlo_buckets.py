@@ -24,6 +24,13 @@ _HLO = f"""
   ROOT %convert.3 = bf16[8,6]{{1,0}} convert(%param_0.3), metadata={{op_name="{_OP}/convert_element_type"}}
 }}
 
+%fused_computation.6 (param_0.6: bf16[8,6]) -> f32[6,8] {{
+  %param_0.6 = bf16[8,6]{{1,0}} parameter(0)
+  %transpose.6 = bf16[6,8]{{0,1}} transpose(%param_0.6)
+  %copy.6 = bf16[6,8]{{1,0}} copy(%transpose.6)
+  ROOT %convert.6 = f32[6,8]{{1,0}} convert(%copy.6)
+}}
+
 ENTRY %main.4 (p0: bf16[8,4], p1: bf16[4,6], p2: f32[6]) -> (f32[8,6], bf16[8,6], bf16[8,6], f32[6]) {{
   %p0 = bf16[8,4]{{1,0}} parameter(0)
   %p1 = bf16[4,6]{{1,0}} parameter(1)
@@ -32,6 +39,7 @@ ENTRY %main.4 (p0: bf16[8,4], p1: bf16[4,6], p2: f32[6]) -> (f32[8,6], bf16[8,6]
   %norm_fusion.2 = bf16[8,6]{{1,0}} fusion(%ynn_fusion.1), kind=kLoop, calls=%fused_computation.2, metadata={{op_name="{_OP}/convert_element_type"}}
   %convert_fusion.3 = bf16[8,6]{{1,0}} fusion(%ynn_fusion.1), kind=kLoop, calls=%fused_computation.3, metadata={{op_name="{_OP}/convert_element_type"}}
   %sqrt.4 = f32[6]{{0}} sqrt(%p2), metadata={{op_name="jit(train_step)/sqrt"}}
+  %layout_fusion.6 = f32[6,8]{{1,0}} fusion(%norm_fusion.2), kind=kLoop, calls=%fused_computation.6, metadata={{op_name="{_OP}/self_attention.attend/reshape"}}
   ROOT %tuple.5 = (f32[8,6]{{1,0}}, bf16[8,6]{{1,0}}, bf16[8,6]{{1,0}}, f32[6]{{0}}) tuple(%ynn_fusion.1, %norm_fusion.2, %convert_fusion.3, %sqrt.4)
 }}
 """
@@ -45,6 +53,21 @@ def test_each_instruction_goes_to_the_bucket_of_what_it_computes():
     assert buckets["convert_fusion.3"] == "casts"  # A cast alone is one.
     assert buckets["sqrt.4"] == "optimizer (Adam, gradient norm, finite checks)"  # Outside the model.
     assert buckets["tuple.5"] == hlo_buckets.BUCKETS[-1][0]  # Only inert operations: not an error.
+    # XLA's own operations (no op_name) are nobody's: a layout copy and cast, not the optimizer's.
+    assert buckets["layout_fusion.6"] == "casts"
+
+
+def test_decoding_buckets_tell_the_search_from_the_model():
+    instructions, computations = hlo_buckets.operations(_HLO)
+    decode_buckets = {
+        name: hlo_buckets.bucket(name, instructions, computations, hlo_buckets.DECODE_BUCKETS) for name in instructions
+    }
+    assert decode_buckets["sqrt.4"] == "search: log-softmax, top-k, bookkeeping"  # Outside the model.
+    assert decode_buckets["layout_fusion.6"] == "casts"
+    assert decode_buckets["ynn_fusion.1"] == "matmuls: projections and feed-forward"
+    beam_gather = next(test for label, test in hlo_buckets.DECODE_BUCKETS if label.startswith("search: reordering"))
+    assert beam_gather("gather", "jit(beam_search)/while/body/take_along_axis")
+    assert not beam_gather("gather", "jit(beam_search)/while/body/Transformer.decode_step/embed/take")
 
 
 def test_the_vocabulary_projection_and_attention_products_are_told_apart_from_other_matmuls():
