@@ -79,12 +79,17 @@ def _classification(figures: dict) -> str:
 
 
 def _export_agreement(figures: dict) -> str:
-    def share(engine: str) -> str:
-        row = next(r for r in figures["rows"] if r["engine"] == engine and r["decoding"] == "greedy")
-        return f"{engine.split(',')[0]} {row['identical_lines'] / row['lines']:.2%}"
+    def greedy(engine: str) -> dict:
+        return next(r for r in figures["rows"] if r["engine"] == engine and r["decoding"] == "greedy")
 
-    return "greedy float32 lines identical to `translate.py`'s: " + ", ".join(
-        share(engine) for engine in ("CTranslate2, float32", "Hugging Face, float32")
+    engines = {"CTranslate2": greedy("CTranslate2, float32"), "Hugging Face": greedy("Hugging Face, float32")}
+    own = ", ".join(f"{name} {row['identical_lines'] / row['lines']:.2%}" for name, row in engines.items())
+    one = ", ".join(
+        f"{name} {row['one_budget']['identical_lines'] / row['lines']:.2%}" for name, row in engines.items()
+    )
+    return (
+        f"greedy float32 lines identical to `translate.py`'s, each sentence at its length budget: {own}; "
+        f"at the engines' one budget: {one}"
     )
 
 
