@@ -86,6 +86,12 @@ _ATTENTION = flags.DEFINE_list(
 _PEAK_LEARNING_RATES = flags.DEFINE_list(
     "peak_learning_rates", [], "Peak learning rates to run the sections at, each in turn (default: the size's own)."
 )
+_REGULARISATION = flags.DEFINE_list(
+    "regularisation",
+    ["paper"],
+    "Per size, in turn: paper (the size's dropout and label smoothing), none (both 0: how fast the copy "
+    "task is learned without them).",
+)
 _MEMORY_LIMIT_MIB = flags.DEFINE_integer(
     "memory_limit_mib", 0, "Memory the max_batch search fills (0: the device's bytes_limit; a CPU has none)."
 )
@@ -147,6 +153,14 @@ def with_peak_learning_rate(size: Size, rate: float) -> Size:
     config = ml_collections.ConfigDict(size.config.to_dict())
     config.optimizer.peak_learning_rate = rate
     return dataclasses.replace(size, name=f"{size.name} lr {rate:g}", config=config)
+
+
+def without_regularisation(size: Size) -> Size:
+    """`size` with no dropout and no label smoothing, named for it."""
+    config = ml_collections.ConfigDict(size.config.to_dict())
+    config.model.dropout_rate = config.model.attention_dropout_rate = 0.0
+    config.optimizer.label_smoothing = 0.0
+    return dataclasses.replace(size, name=f"{size.name} no reg", config=config)
 
 
 class Check:
@@ -584,6 +598,10 @@ def main(argv):
     sizes = [make_size(name, _ROWS.value) for name in _SIZES.value]  # Unknown names fail before any work.
     if rates := [float(rate) for rate in _PEAK_LEARNING_RATES.value]:
         sizes = [with_peak_learning_rate(size, rate) for size in sizes for rate in rates]
+    if unknown := set(_REGULARISATION.value) - {"paper", "none"}:
+        raise app.UsageError(f"--regularisation: unknown {sorted(unknown)}; choose paper, none.")
+    variants = {"paper": lambda size: size, "none": without_regularisation}
+    sizes = [variants[name](size) for size in sizes for name in _REGULARISATION.value]
     path = _OUTPUT.value or os.path.join(
         records.RESULTS_DIR, f"accelerator_check_{'_'.join(_SIZES.value)}_{jax.default_backend()}"
     )

@@ -44,6 +44,21 @@ def test_a_blind_model_cannot_beat_log_of_the_symbols():
     assert synthetic.blind_nll(64) == pytest.approx(math.log(64))
 
 
+def test_the_unregularised_variant_turns_off_dropout_and_label_smoothing_only():
+    from benchmarks import accelerator_check  # Defines absl flags: imported by this test alone.
+
+    paper = accelerator_check.make_size("base")
+    bare = accelerator_check.without_regularisation(paper)
+    assert (bare.config.model.dropout_rate, bare.config.model.attention_dropout_rate) == (0.0, 0.0)
+    assert bare.config.optimizer.label_smoothing == 0.0
+    assert paper.config.model.dropout_rate == 0.1 and paper.config.optimizer.label_smoothing == 0.1  # Untouched.
+    expected = paper.config.to_dict()  # Everything else as it was.
+    expected["model"].update(dropout_rate=0.0, attention_dropout_rate=0.0)
+    expected["optimizer"]["label_smoothing"] = 0.0
+    assert bare.config.to_dict() == expected
+    assert bare.name == "base no reg" and bare.rows == paper.rows
+
+
 @pytest.mark.slow
 def test_tiny_check_measures_every_section_without_the_data_stack(tmp_path):
     output = tmp_path / "check.json"
