@@ -328,19 +328,46 @@ def test_decode_length_is_each_sources_own():
     np.testing.assert_array_equal(decode_length(np.array([0, 5, 60]), 100), [8, 18, 100])
 
 
+def _markov_model(vocab_size=12, seed=0):
+    """Next-token logits that depend on the hypothesis' last token (a random Markov chain over the
+    vocabulary, <eos> rare): hypotheses diverge, and most run on without ending."""
+    table = np.random.default_rng(seed).normal(size=(vocab_size, vocab_size)).astype(np.float32) * 2.0
+    table[:, EOS] -= 3.0
+    table = jnp.asarray(table)
+
+    def next_token_logits(position, tokens, state):
+        return table[jax.lax.dynamic_index_in_dim(tokens, position, axis=1, keepdims=False)], state
+
+    return next_token_logits
+
+
 @pytest.mark.parametrize("search", ["greedy", "beam"])
 def test_a_rows_output_depends_on_its_budget_not_on_the_batchs_length(search):
     """Decoded with budgets [3, 7, 10] in arrays of 10, each row is what it is decoded alone at its budget."""
-    model, params, inputs = _model()
-    params = jax.tree.map(lambda x: 5.0 * x, params)  # Confident enough to run on without <eos>.
-    decode = {
-        "greedy": functools.partial(generate, model=model, choose_token=argmax_token, **_IDS),
-        "beam": functools.partial(beam_search, model=model, beam_size=3, alpha=0.6, **_IDS),
-    }[search]
+    next_token_logits = _markov_model()
+
+    def decode(rows: int, max_length: int, budgets=None):
+        if search == "greedy":
+            finished, rng = jnp.zeros(rows, bool), jax.random.PRNGKey(0)
+            return search_loop(
+                next_token_logits, argmax_token, (), finished, rng, max_length=max_length, budgets=budgets, **_IDS
+            )
+        tokens, _ = beam_search_loop(
+            next_token_logits,
+            (),
+            jnp.zeros(rows, bool),
+            beam_size=3,
+            alpha=0.6,
+            max_length=max_length,
+            budgets=budgets,
+            **_IDS,
+        )
+        return tokens[:, 0]
+
     budgets = np.array([3, 7, 10], np.int32)
-    together = np.asarray(jax.jit(functools.partial(decode, max_length=10))(params, inputs, budgets=budgets))
+    together = np.asarray(decode(3, 10, budgets))
+    alone = {int(budget): np.asarray(decode(1, int(budget)))[0] for budget in budgets}
     for row, budget in enumerate(budgets):
-        alone = np.asarray(decode(params, inputs[row : row + 1], max_length=int(budget)))[0]
-        np.testing.assert_array_equal(together[row], np.pad(alone, (0, 10 - budget), constant_values=PAD))
-    unlimited = np.asarray(decode(params, inputs[:1], max_length=10))[0]
+        np.testing.assert_array_equal(together[row], np.pad(alone[budget], (0, 10 - budget), constant_values=PAD))
+    unlimited = np.asarray(decode(1, 10))[0]
     assert EOS not in unlimited[:3] and unlimited[3] != PAD  # The budget cut row 0, or the test shows nothing.
