@@ -181,16 +181,13 @@ def main(argv):
                     settings += _jax_settings(dtype_model, params, placed, beam_size, with_uncached=i == 0)
             settings += _ctranslate2_settings(translators, pieces, beam_size)
 
-        first_call, seconds = {}, {id(s): [] for s in settings}
-        for setting in settings:
-            start = time.perf_counter()
-            setting.decode()
-            first_call[id(setting)] = time.perf_counter() - start
-        for _ in range(_ROUNDS.value):
-            for setting in settings:
+        # Seconds of each setting's calls, in order: the first (compiling, for this project) then a round each.
+        seconds = [[] for _ in settings]
+        for _ in range(1 + _ROUNDS.value):
+            for setting, times in zip(settings, seconds):
                 start = time.perf_counter()
                 setting.decode()
-                seconds[id(setting)].append(time.perf_counter() - start)
+                times.append(time.perf_counter() - start)
         baseline_engine = f"this project, {dtypes[0]}, cached"
         profiles = {
             setting.beam_size: xla_profile.profile(
@@ -202,15 +199,15 @@ def main(argv):
 
     batch, length = inputs.shape[0], _LENGTH.value
     rows = []
-    for setting in settings:
-        median = statistics.median(seconds[id(setting)])
+    for setting, (first_call, *timed) in zip(settings, seconds):
+        median = statistics.median(timed)
         rows.append(
             {
                 "engine": setting.engine,
                 "beam_size": setting.beam_size,
-                "first_call_seconds": first_call[id(setting)],
+                "first_call_seconds": first_call,
                 "batch_seconds": median,
-                "batch_seconds_all": seconds[id(setting)],
+                "batch_seconds_all": timed,
                 "output_tokens_per_second": batch * length / median,
                 "hypothesis_tokens_per_second": batch * setting.beam_size * length / median,
             }

@@ -33,6 +33,11 @@ def _forbid_special_tokens(logits: Array, bos_id: int, pad_id: int) -> Array:
     return logits.at[:, jnp.array([bos_id, pad_id])].set(NEG_INF)
 
 
+def _row_budgets(budgets: Array | None, rows: int, max_length: int) -> Array:
+    """[rows] int32 output budgets: the given ones, or max_length for every row."""
+    return jnp.full((rows,), max_length, jnp.int32) if budgets is None else jnp.asarray(budgets, jnp.int32)
+
+
 # --------------------------------------------------------------------------- #
 # Greedy and sampling: one hypothesis per row.
 # --------------------------------------------------------------------------- #
@@ -94,7 +99,7 @@ def search_loop(
     """
     rows = finished.shape[0]
     tokens = jnp.full((rows, max_length + 1), pad_id, jnp.int32).at[:, 0].set(bos_id)
-    budgets = jnp.full((rows,), max_length, jnp.int32) if budgets is None else jnp.asarray(budgets, jnp.int32)
+    budgets = _row_budgets(budgets, rows, max_length)
 
     def not_done(carry):
         position, _, finished, _ = carry
@@ -198,7 +203,7 @@ def beam_search_loop(
     # first, or the row would fill with copies of the same hypotheses.
     live_log_probs = jnp.where(jnp.arange(k) == 0, 0.0, NEG_INF) * jnp.ones((batch_size, 1))
     finished_scores = jnp.full((batch_size, k), NEG_INF)
-    budgets = jnp.full((batch_size,), max_length, jnp.int32) if budgets is None else jnp.asarray(budgets, jnp.int32)
+    budgets = _row_budgets(budgets, batch_size, max_length)
     max_penalty = length_penalty(budgets, alpha)
 
     def row_done(position, live_log_probs, finished_scores):

@@ -369,5 +369,6 @@ def test_a_rows_output_depends_on_its_budget_not_on_the_batchs_length(search):
     alone = {int(budget): np.asarray(decode(1, int(budget)))[0] for budget in budgets}
     for row, budget in enumerate(budgets):
         np.testing.assert_array_equal(together[row], np.pad(alone[budget], (0, 10 - budget), constant_values=PAD))
+    assert [np.count_nonzero(row != PAD) for row in together] == budgets.tolist()  # Each used its whole budget.
     unlimited = np.asarray(decode(1, 10))[0]
     assert EOS not in unlimited[:3] and unlimited[3] != PAD  # The budget cut row 0, or the test shows nothing.
