@@ -7,7 +7,8 @@ CTranslate2 (float32 and int8), then translates every sentence of the test split
 engine and with this project's own decoding (translate.py's: `inference.translate_lines`),
 greedy and with beam 4. For each, against this project's float32 output with the same search:
 the share of lines identical, and the detokenized sacreBLEU with its signature; and its speed,
-output subwords (with `</s>`) per second over the whole set, the second of two passes for this
+output subwords (with `</s>`) per second over the whole set (a greedy engine's: its outputs cut to
+each sentence's budget, over the seconds it decoded them at its one budget), the second of two passes for this
 project's jitted float32 decoding (the first compiles each length bucket; its 'auto' dtype rows
 run once, for agreement only).
 
@@ -23,7 +24,6 @@ PyTorch's threads: the CPU count). Writes a record (benchmarks/records.py).
 """
 
 import dataclasses
-import gzip
 import os
 import tempfile
 import time
@@ -40,6 +40,7 @@ from absl import app, flags
 from benchmarks import records
 from common.special_ids import EOS_ID, PAD_ID
 from exporting import exporter
+from input_pipeline.parallel_text import read_lines
 from models.decoding import decode_length
 from training import inference
 from training.config_checks import validate_config
@@ -67,11 +68,6 @@ class Decoding:
     @property
     def name(self) -> str:
         return "greedy" if self.beam_size == 1 else f"beam {self.beam_size}, alpha {self.alpha:g}"
-
-
-def _lines(path: str) -> list[str]:
-    with (gzip.open if path.endswith(".gz") else open)(path, "rt", encoding="utf-8") as lines:
-        return [line.rstrip("\n") for line in lines]
 
 
 def _ours(lines: list[str], dtype: str, decoding: Decoding, passes: int) -> tuple[list[str], float | None]:
@@ -231,7 +227,7 @@ def main(argv):
     quiet_library_logs()
     torch.set_num_threads(os.cpu_count())
     measured_source = records.source()
-    lines, references = _lines(_SOURCES.value), _lines(_REFERENCES.value)
+    lines, references = list(read_lines(_SOURCES.value)), list(read_lines(_REFERENCES.value))
     config = inference.load_config(_WORKDIR.value)
     sp = sentencepiece.SentencePieceProcessor(model_file=os.path.join(_WORKDIR.value, "tokenizer.model"))
     greedy = Decoding(1, config.eval.length_penalty)

@@ -88,11 +88,11 @@ def export_run(
     folder.check_destination(output, overwrite=overwrite)  # Before the restore: fail fast.
     trained = inference.load_trained_model(config, workdir, checkpoint)
     network = network_from_params(trained.model.config, jax.device_get(trained.params))
-    if trained.model.config.dtype != "float32":
+    if config.model.dtype != "float32":  # The run's setting: 'auto' is bfloat16 wherever matmuls have it.
         logging.warning(
             "The run computes in %s; the export computes in float32 from the same (float32) parameters, so its "
             "translations may differ from translate.py's where two tokens' logits are within that rounding.",
-            trained.model.config.dtype,
+            config.model.dtype,
         )
     with folder.written_whole(output, overwrite=overwrite) as staging:
         if export_format == "huggingface":

@@ -43,12 +43,12 @@ _DECODING_NOTES = {
 
 
 _LENGTH_NOTE = (
-    "Length: `translate.py` stops each translation at min({max_decode_length}, 2 x source subwords + 8) "
-    "subwords (the source with its `</s>`), a budget of its own. {option} is one number a call: a "
+    "Length: `translate.py` gives each translation a budget of its own source (`decode_length` in "
+    "aiayn's models/decoding.py, at most {max_decode_length} subwords). {option} is one number a call: a "
     "translation that runs that long without `</s>` is cut elsewhere unless each sentence gets its own."
 )
 _LENGTH_OPTION = {
-    "huggingface": "`generate`'s `max_new_tokens` (default {max_decode_length})",
+    "huggingface": "`generate`'s `max_new_tokens` (default: eval.max_decode_length)",
     "ctranslate2": "`translate_batch`'s `max_decoding_length`",
 }
 
@@ -140,10 +140,7 @@ def model_card(
         "",
         _DECODING_NOTES[export_format],
         "",
-        _LENGTH_NOTE.format(
-            max_decode_length=config.eval.max_decode_length,
-            option=_LENGTH_OPTION[export_format].format(max_decode_length=config.eval.max_decode_length),
-        ),
+        _LENGTH_NOTE.format(max_decode_length=config.eval.max_decode_length, option=_LENGTH_OPTION[export_format]),
         "",
         "## The run's config",
         "",

@@ -3,8 +3,9 @@
 Every matrix is stored as this project applies it, `y = x @ W` ([inputs, outputs]); the
 per-head query, key and value kernels [d_model, heads, d] are flattened to [d_model, heads * d]
 (head-major, as every engine splits them), and the output kernel to [heads * d_v, d_model].
-The positions table is explicit for both encodings: the sinusoids of
-`models.embeddings.sinusoidal_positions` (interleaved sin/cos) or the learned table.
+Positions added to the embeddings are an explicit table: the sinusoids of
+`models.embeddings.sinusoidal_positions` (interleaved sin/cos) or the learned table. Relative
+positions are each self-attention's tables; rotary ones have no weights (the config says them).
 """
 
 import dataclasses
@@ -193,7 +194,13 @@ def _norm_reordered(norm: Norm | None, order: np.ndarray) -> Norm | None:
 def _attention_reordered(attention: Attention | None, order: np.ndarray) -> Attention | None:
     if attention is None:
         return None
-    return Attention(attention.query[order], attention.key[order], attention.value[order], attention.output[:, order])
+    return dataclasses.replace(
+        attention,
+        query=attention.query[order],
+        key=attention.key[order],
+        value=attention.value[order],
+        output=attention.output[:, order],
+    )
 
 
 def _layer_reordered(layer: Layer, order: np.ndarray) -> Layer:

@@ -139,17 +139,17 @@ def test_a_missing_export_extra_is_one_line_naming_it(monkeypatch):
 
 
 def test_export_names_the_config_field_before_reading_a_checkpoint(tmp_path):
-    workdir = tmp_path / "rotary_run"
+    workdir = tmp_path / "key_16_run"  # A config, no checkpoint: neither format holds its key size.
     workdir.mkdir()
-    (workdir / "config.json").write_text(table3.get_config("rotary").to_json(), encoding="utf-8")
+    config = table3.get_config("key_16")
+    (workdir / "config.json").write_text(config.to_json(), encoding="utf-8")
     output = tmp_path / "exported"
-    for export_format in ("huggingface",):
+    for export_format in support.FORMATS:
         result = run_entry_point("export.py", f"--workdir={workdir}", f"--format={export_format}", f"--output={output}")
         assert result.returncode == 2, result.stderr[-2000:]
-        last = result.stderr.strip().splitlines()[-1]
-        assert last.startswith(
-            f"error: Cannot export to {export_format}: config.model.positional_encoding is 'rotary': the "
-            f"{export_format} export holds 'sinusoidal' or 'learned'"
+        assert result.stderr.strip().splitlines()[-1] == (
+            f"error: Cannot export to {export_format}: config.model.key_dim is 16 (d_v is 64): {export_format} "
+            "attention has one head size for queries, keys and values."
         )
         assert "Traceback" not in result.stderr and not output.exists()
 
