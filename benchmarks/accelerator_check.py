@@ -61,6 +61,7 @@ import traceback
 import jax
 import ml_collections
 import numpy as np
+import optax
 from absl import app, flags
 
 from benchmarks import records
@@ -150,14 +151,14 @@ def make_size(name: str, rows: int = 0) -> Size:
 
 def with_peak_learning_rate(size: Size, rate: float) -> Size:
     """`size` trained at peak learning rate `rate`, named for it."""
-    config = ml_collections.ConfigDict(size.config.to_dict())
+    config = size.config.copy_and_resolve_references()
     config.optimizer.peak_learning_rate = rate
     return dataclasses.replace(size, name=f"{size.name} lr {rate:g}", config=config)
 
 
 def without_regularisation(size: Size) -> Size:
     """`size` with no dropout and no label smoothing, named for it."""
-    config = ml_collections.ConfigDict(size.config.to_dict())
+    config = size.config.copy_and_resolve_references()
     config.model.dropout_rate = config.model.attention_dropout_rate = 0.0
     config.optimizer.label_smoothing = 0.0
     return dataclasses.replace(size, name=f"{size.name} no reg", config=config)
@@ -246,13 +247,14 @@ class Check:
             "step_ms": seconds * 1e3,
             "target_tokens_per_s": tokens / seconds,
             "model_tflops_per_step": model_flops / 1e12,
-            "mfu": model_flops / seconds / _peak_flops(),
+            "mfu": model_flops / seconds / _peak()[0],
         }
 
 
 @functools.cache
-def _peak_flops() -> float:
-    return flops.peak_flops_per_device("bfloat16")[0]
+def _peak() -> tuple[float, str]:
+    """The device's dense bf16 peak and where it comes from (on a CPU a measurement: taken once)."""
+    return flops.peak_flops_per_device("bfloat16")
 
 
 def _memory(compiled) -> dict:
@@ -400,7 +402,7 @@ def attention_section(check: Check) -> dict:
             "compile_s": compile_seconds,
             "loss_and_grad_ms": statistics.median(seconds[1:]) * 1e3,
             "loss": float(loss),
-            "grad_norm": float(_norm(grads)),
+            "grad_norm": float(optax.global_norm(grads)),
         }
     first, second = implementations
     reference = results[second]
@@ -409,7 +411,7 @@ def attention_section(check: Check) -> dict:
         "loss_relative_difference": abs(results[first]["loss"] - reference["loss"]) / abs(reference["loss"]),
         "grad_norm_relative_difference": abs(results[first]["grad_norm"] - reference["grad_norm"])
         / reference["grad_norm"],
-        "grad_difference_norm_relative": float(_norm(difference)) / reference["grad_norm"],
+        "grad_difference_norm_relative": float(optax.global_norm(difference)) / reference["grad_norm"],
         "grad_max_abs_difference_relative": float(_max_abs(difference)) / float(_max_abs(gradients[second])),
     }
     bars = {
@@ -426,12 +428,6 @@ def attention_section(check: Check) -> dict:
         "bars": bars,
         "agree": all(agreement[key] <= bar for key, bar in bars.items()),
     }
-
-
-def _norm(tree) -> jax.Array:
-    return jax.numpy.sqrt(
-        sum(jax.numpy.sum(jax.numpy.square(leaf.astype(np.float32))) for leaf in jax.tree.leaves(tree))
-    )
 
 
 def _max_abs(tree) -> jax.Array:
@@ -499,8 +495,8 @@ def accelerator() -> dict:
         "device_kind": device.device_kind,
         "device_count": jax.device_count(),
         "devices_used": 1,
-        "peak_bf16_flops_per_device": _peak_flops(),
-        "peak_source": flops.peak_flops_per_device("bfloat16")[1],
+        "peak_bf16_flops_per_device": _peak()[0],
+        "peak_source": _peak()[1],
         "platform_version": getattr(device.client, "platform_version", None),
         "cuda": _cuda_versions(),
     }
@@ -612,7 +608,8 @@ def main(argv):
         packages=(*records.DEFAULT_PACKAGES, "ml_collections", "absl-py"),
         accelerator=devices,
     )
-    record["machine"]["accelerator"] = f"{devices['device_kind']} ({devices['platform']})"
+    if devices["platform"] != "cpu":  # A CPU is described as the host is, model and kind.
+        record["machine"]["accelerator"] = f"{devices['device_kind']} ({devices['platform']})"
     print(f"{devices['device_kind']}: jax {record['software']['jax']}", flush=True)
     for size in sizes:
         figures = record["figures"][size.name] = {}

@@ -83,7 +83,7 @@ def _sources(config, workdir: str | None, batch_size: int):
     return batching.pad_ids(sources, indices, length, batch_size, keep_eos=True), corpus.tokenizer
 
 
-def _jax_settings(model, params, inputs, beam_size: int, with_uncached: bool) -> list[Setting]:
+def _jax_settings(model, params, inputs, beam_size: int, alpha: float, with_uncached: bool) -> list[Setting]:
     """This project's decoding as translate.py runs it: greedy (`generate`) for beam 1, else beam search."""
     settings = []
     special = dict(max_length=_LENGTH.value, bos_id=BOS_ID, eos_id=_NEVER, pad_id=PAD_ID)
@@ -92,7 +92,7 @@ def _jax_settings(model, params, inputs, beam_size: int, with_uncached: bool) ->
             search = functools.partial(generate, model=model, choose_token=argmax_token, use_cache=use_cache, **special)
         else:
             search = functools.partial(
-                beam_search, model=model, beam_size=beam_size, alpha=0.6, use_cache=use_cache, **special
+                beam_search, model=model, beam_size=beam_size, alpha=alpha, use_cache=use_cache, **special
             )
         decode = jax.jit(search)
         engine = f"this project, {model.config.dtype}, {'cached' if use_cache else 'uncached'}"
@@ -107,12 +107,12 @@ def _jax_settings(model, params, inputs, beam_size: int, with_uncached: bool) ->
     return settings
 
 
-def _ctranslate2_settings(translators: dict, pieces: list[list[str]], beam_size: int) -> list[Setting]:
+def _ctranslate2_settings(translators: dict, pieces: list[list[str]], beam_size: int, alpha: float) -> list[Setting]:
     def decode(translator):
         results = translator.translate_batch(
             pieces,
             beam_size=beam_size,
-            length_penalty=0.6,
+            length_penalty=alpha,
             min_decoding_length=_LENGTH.value,
             max_decoding_length=_LENGTH.value,
         )
@@ -154,8 +154,9 @@ def main(argv):
     dtypes = list(dict.fromkeys(str(compute_dtype(dtype)) for dtype in _DTYPES.value))  # 'auto' may be float32.
     models = []
     for dtype in dtypes:
-        config.model.dtype = dtype
-        models.append(make_model(config, tokenizer.vocab_size()))
+        dtype_config = config.copy_and_resolve_references()
+        dtype_config.model.dtype = dtype
+        models.append(make_model(dtype_config, tokenizer.vocab_size()))
     model = models[0]
     mesh = sharding.make_mesh()
     if _WORKDIR.value:
@@ -178,8 +179,10 @@ def main(argv):
         for beam_size in beam_sizes:
             if "jax" in _ENGINES.value:
                 for i, dtype_model in enumerate(models):
-                    settings += _jax_settings(dtype_model, params, placed, beam_size, with_uncached=i == 0)
-            settings += _ctranslate2_settings(translators, pieces, beam_size)
+                    settings += _jax_settings(
+                        dtype_model, params, placed, beam_size, config.eval.length_penalty, with_uncached=i == 0
+                    )
+            settings += _ctranslate2_settings(translators, pieces, beam_size, config.eval.length_penalty)
 
         # Seconds of each setting's calls, in order: the first (compiling, for this project) then a round each.
         seconds = [[] for _ in settings]

@@ -101,12 +101,12 @@ def _fused_operations(name: str, instructions: dict, computations: dict) -> list
 
 def bucket(name: str, instructions: dict, computations: dict, buckets=BUCKETS) -> str:
     """The first of `buckets` that any operation of instruction `name` falls in."""
-    operations = [
+    computing = [
         (opcode, op_name)
         for opcode, op_name in _fused_operations(name, instructions, computations)
         if opcode not in _INERT and opcode != "fusion"
     ]
     return next(
-        (label for label, test in buckets if any(test(opcode, op_name) for opcode, op_name in operations)),
+        (label for label, test in buckets if any(test(opcode, op_name) for opcode, op_name in computing)),
         buckets[-1][0],  # Nothing but inert operations.
     )

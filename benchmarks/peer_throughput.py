@@ -21,7 +21,7 @@ a step being a full update (forward, loss, backward, Adam).
 
 What differs, as each framework's standard layers have it: PyTorch's attention has biases on
 its q, k, v and output projections, both of its stacks end with a LayerNorm even post-LN
-(tests/test_peer_throughput.py counts the parameters), its `dropout` also drops attention
+(tests/test_config_r.py counts the parameters), its `dropout` also drops attention
 weights and the feed-forward hidden units (this project: attention_dropout_rate 0, no inner
 dropout), and its LayerNorm ε is 1e-5 (here 1e-6). The `bfloat16-dropout0` row takes dropout
 out of the comparison.

@@ -169,7 +169,8 @@ def main(argv):
     del argv
     with open(README, encoding="utf-8") as readme:
         current = readme.read()
-    generated = with_table(current, table())
+    lines = table()
+    generated = with_table(current, lines)
     if _CHECK.value:
         if generated != current:
             print(
@@ -180,7 +181,7 @@ def main(argv):
         return
     with open(README, "w", encoding="utf-8") as readme:
         readme.write(generated)
-    print("\n".join(table()))
+    print("\n".join(lines))
 
 
 if __name__ == "__main__":

@@ -5,7 +5,7 @@ r"""Where config R's train step spends its time on this CPU, by kind of operatio
 
 The step is benchmarks/config_r.py's `ProjectStep` (config R: the train step exactly as
 train.py builds it). After warm-up, `jax.profiler.trace` records `--steps` steps; every XLA
-instruction's time is summed over all threads (CPU time, so the shares add up however the two
+instruction's time is summed over all threads (CPU time, so the shares add up however the
 cores split the work) and each instruction is put in one bucket by what it computes, read from
 the compiled module by benchmarks/hlo_buckets.py. Writes a record (benchmarks/records.py) with
 the buckets' milliseconds per step and shares, the largest instructions, and the step's wall

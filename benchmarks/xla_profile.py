@@ -47,9 +47,10 @@ def profile(run: Callable[[], object], hlo: str, *, calls: int, buckets=hlo_buck
     for event in events:
         if event["name"] in instructions and instructions[event["name"]][0] not in hlo_buckets.CONTAINERS:
             per_instruction[event["name"]] += event["dur"] / 1e3  # Microseconds to milliseconds.
+    bucket_of = {name: hlo_buckets.bucket(name, instructions, computations, buckets) for name in per_instruction}
     per_bucket = collections.Counter()
     for name, milliseconds in per_instruction.items():
-        per_bucket[hlo_buckets.bucket(name, instructions, computations, buckets)] += milliseconds
+        per_bucket[bucket_of[name]] += milliseconds
     total = sum(per_bucket.values())
     return {
         "profiled_cpu_ms_per_call": total / calls,
@@ -60,7 +61,7 @@ def profile(run: Callable[[], object], hlo: str, *, calls: int, buckets=hlo_buck
         "largest_instructions": [
             {
                 "name": name,
-                "bucket": hlo_buckets.bucket(name, instructions, computations, buckets),
+                "bucket": bucket_of[name],
                 "op_name": instructions[name][1],
                 "cpu_ms_per_call": milliseconds / calls,
             }

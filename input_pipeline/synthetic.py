@@ -57,7 +57,7 @@ def packed_copy_batch(
     """
     if max_length > length:
         raise ValueError(f"Copy pairs of up to {max_length} ids do not fit rows of {length}.")
-    # Enough pairs for every row: each row holds at least length // max_length of them.
+    # Enough pairs for every row: each row holds at most length // min_length of them, and one is read ahead.
     pairs = iter(
         copy_pairs(
             rng,
