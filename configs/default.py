@@ -146,9 +146,12 @@ def get_config() -> ml_collections.ConfigDict:
     model.max_len = 512
     model.norm_placement = "post"  # 'post' (the paper) or 'pre'.
     model.tie_embeddings = True  # Source/target embeddings and output layer.
-    model.dtype = "float32"  # Compute dtype: 'float32', 'bfloat16' or 'auto' (models/build.py).
+    # Compute dtype of the matmuls: 'float32', 'bfloat16', or 'auto' (models/build.py): bfloat16
+    # on TPUs, on GPUs from Ampere on and on CPUs with bf16 matmul instructions, else float32.
+    model.dtype = "auto"
     # How attention is computed where no attention weight is needed (no attention dropout, no
-    # attention maps): 'auto' (cuDNN's fused kernel on GPUs in bfloat16, else 'explicit'),
+    # attention maps): 'auto' (cuDNN's fused kernel on GPUs in bfloat16, except at shapes of
+    # known cuDNN defects; else 'explicit'),
     # 'explicit' (softmax(QK^T/sqrt(d_k))V as written, models/attention.py), or
     # jax.nn.dot_product_attention's 'xla' or 'cudnn' implementation.
     model.attention_implementation = "auto"

@@ -132,14 +132,36 @@ def dot_product_attention(
 
 # How `MultiHeadAttention` computes softmax(Q K^T / sqrt(d_k)) V: 'explicit' is
 # `dot_product_attention` above; 'xla' and 'cudnn' are `jax.nn.dot_product_attention`'s
-# implementations (cuDNN's fused flash attention on NVIDIA GPUs).
-ATTENTION_IMPLEMENTATIONS = ('explicit', 'xla', 'cudnn')
+# implementations (cuDNN's fused flash attention on NVIDIA GPUs); 'cudnn_where_safe' is
+# 'cudnn' except at the key lengths of `cudnn_has_known_defect`, where it is 'explicit'
+# (what config 'auto' resolves to on GPUs: models/build.py).
+ATTENTION_IMPLEMENTATIONS = ('explicit', 'xla', 'cudnn', 'cudnn_where_safe')
+
+# cuDNN's sm90 flash-attention backward, given a mask tensor (as this model always passes),
+# scores the out-of-range half of the last 128-wide key tile 0 instead of -inf when the key
+# length is 64 mod 128: a query row whose log-sum-exp is below -log(float32 max) then
+# overflows and dQ turns NaN. Seen with cuDNN 9.19 and 9.20 on H100 and H200 (also reported
+# against PyTorch's SDPA); no release is known to fix it, so the rule holds for every version.
+_CUDNN_KEY_TILE = 128
+_CUDNN_DEFECTIVE_KEY_REMAINDER = 64
+
+
+def cudnn_has_known_defect(key_length: int) -> bool:
+    """Whether cuDNN's fused attention is known to fail at this key length (see above)."""
+    return key_length % _CUDNN_KEY_TILE == _CUDNN_DEFECTIVE_KEY_REMAINDER
 
 
 def fused_dot_product_attention(
     query: Array, key: Array, value: Array, mask: Array | None, *, implementation: str, dtype: Dtype
 ) -> Array:
     """`dot_product_attention`'s output through `jax.nn.dot_product_attention`, without weights or dropout.
+
+    No query row without a key reaches the kernel. Padding leaves such rows in every batch
+    (a padded query may attend to nothing), and a fused kernel turns the boolean mask into a
+    large negative bias, so such a row's log-sum-exp is about -2^41: cuDNN's backward then
+    overflows on some shapes. Those rows are handed every key instead, and their output is
+    replaced by what the explicit formula gives them, the mean of the values (a uniform
+    softmax over equal logits). Rows with a key see exactly the mask they were given.
 
     Args:
         query: [batch, q_len, heads, head_dim].
@@ -151,12 +173,18 @@ def fused_dot_product_attention(
     Returns:
         [batch, q_len, heads, head_dim] float32.
     """
+    query, key, value = query.astype(dtype), key.astype(dtype), value.astype(dtype)
+    has_key = None
     if mask is not None:
         mask = jnp.broadcast_to(mask, (query.shape[0], mask.shape[1], query.shape[1], key.shape[1]))
-    output = jax.nn.dot_product_attention(
-        query.astype(dtype), key.astype(dtype), value.astype(dtype), mask=mask, implementation=implementation
-    )
-    return output.astype(jnp.float32)
+        has_key = jnp.any(mask, axis=-1, keepdims=True)  # [batch, heads or 1, q_len, 1]
+        mask = mask | ~has_key
+    output = jax.nn.dot_product_attention(query, key, value, mask=mask, implementation=implementation)
+    output = output.astype(jnp.float32)
+    if has_key is None:
+        return output
+    mean_value = jnp.mean(value.astype(jnp.float32), axis=1, keepdims=True)  # [batch, 1, heads, head_dim]
+    return jnp.where(jnp.swapaxes(has_key, 1, 2), output, mean_value)
 
 
 class MultiHeadAttention(nn.Module):
@@ -183,7 +211,7 @@ class MultiHeadAttention(nn.Module):
         d_model: width of the inputs and the output.
         dropout_rate: dropout on the attention weights.
         dtype: matmul operand dtype (outputs are float32).
-        implementation: one of ATTENTION_IMPLEMENTATIONS. 'xla' and 'cudnn' apply where
+        implementation: one of ATTENTION_IMPLEMENTATIONS. The fused ones apply where
             no attention weight is needed and d_k = d_v without relative positions: the
             explicit formula still runs for attention dropout, relative positions, a
             smaller key size, and when the weights are collected (attention maps).
@@ -269,6 +297,8 @@ class MultiHeadAttention(nn.Module):
         if self.positions == 'rotary':
             query = rotate(query, query_positions)
         implementation = implementation or self.implementation
+        if implementation == 'cudnn_where_safe':
+            implementation = 'explicit' if cudnn_has_known_defect(key.shape[1]) else 'cudnn'
         dropout = not deterministic and self.dropout_rate > 0.0
         fused = (
             implementation != 'explicit'

@@ -56,15 +56,18 @@ def attention_implementation(requested: str, dtype: str, head_dim: int) -> str:
     """The attention implementation to run: `requested`, with 'auto' resolved for this backend.
 
     'auto' is cuDNN's fused attention (through `jax.nn.dot_product_attention`) on GPUs where it
-    applies (bfloat16, head_dim a multiple of 8 up to 128), and the explicit formula elsewhere:
-    XLA:CPU and TPU compile it well, and its matmuls follow models/precision.py, which XLA's
-    own implementation of `jax.nn.dot_product_attention` does not (its backward products
-    multiply float32 cotangents with bfloat16 operands).
+    applies (bfloat16, head_dim a multiple of 8 up to 128) and is not known to fail: at key
+    lengths of a known kernel defect (`models.attention.cudnn_has_known_defect`) each call falls
+    back to the explicit formula ('cudnn_where_safe'), as TransformerEngine turns cuDNN attention
+    off for the versions and shapes of known bugs. Elsewhere 'auto' is the explicit formula:
+    XLA:CPU and TPU compile it well, and its matmuls follow models/precision.py, which XLA's own
+    implementation of `jax.nn.dot_product_attention` does not (its backward products multiply
+    float32 cotangents with bfloat16 operands). An explicit 'cudnn' is cuDNN at every shape.
     """
     if requested != "auto":
         return requested
     if jax.default_backend() == "gpu" and dtype == "bfloat16" and head_dim % 8 == 0 and head_dim <= 128:
-        return "cudnn"
+        return "cudnn_where_safe"
     return "explicit"
 
 

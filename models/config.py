@@ -31,7 +31,8 @@ class TransformerConfig:
     pad_id: int = 0
     bos_id: int = 2
     # models.attention.ATTENTION_IMPLEMENTATIONS: 'explicit', or jax.nn.dot_product_attention's
-    # 'xla' / 'cudnn' where no attention weight is needed (see MultiHeadAttention).
+    # 'xla' / 'cudnn' ('cudnn_where_safe': not at shapes of known cuDNN defects) where no
+    # attention weight is needed (see MultiHeadAttention).
     attention_implementation: str = 'explicit'
 
     @property

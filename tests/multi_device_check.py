@@ -75,6 +75,7 @@ def _config(data: int, fsdp: int, tensor: int, task: str = "translation", **mode
         dropout_rate=0.0,
         tie_embeddings=False,
         positional_encoding="learned",
+        dtype="float32",
     )
     config.model.update(model_fields)  # Overrides of the fields above.
     config.optimizer.update(schedule="rsqrt", peak_learning_rate=3e-3, warmup_steps=2)

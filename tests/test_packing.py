@@ -275,7 +275,9 @@ def test_train_step_on_packed_rows_equals_the_step_on_unpacked_rows():
     """`translation_loss` reads the packing keys, through the mesh-sharded (jit) train step as the loop compiles it."""
     config = default.get_config()
     config.dataset.max_length = config.eval.max_decode_length = CONFIG.max_len
-    config.model.update(d_model=32, num_heads=4, d_ff=64, num_layers=2, dropout_rate=0.0, attention_dropout_rate=0.0)
+    config.model.update(
+        d_model=32, num_heads=4, d_ff=64, num_layers=2, dropout_rate=0.0, attention_dropout_rate=0.0, dtype="float32"
+    )
     config.optimizer.update(schedule="rsqrt", peak_learning_rate=3e-3, warmup_steps=1)
     model = make_model(config, vocab_size=CONFIG.vocab_size)
     tx, schedule = make_optimizer(config.optimizer, d_model=config.model.d_model)

@@ -150,7 +150,6 @@ def test_auto_dtype_is_bfloat16_where_the_cpu_multiplies_bfloat16(tmp_path, cpu,
 
 def test_auto_dtype_on_accelerators_and_in_the_model(monkeypatch):
     config = default.get_config()
-    config.model.dtype = "auto"
     assert make_model(config, vocab_size=24).config.dtype == build.compute_dtype("auto")
     monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
     monkeypatch.setattr(jax, "devices", lambda: [types.SimpleNamespace(compute_capability="9.0")])  # H100.

@@ -30,7 +30,9 @@ def _setup(grad_accumulation_steps=1, **model_overrides):
     config = default.get_config()
     config.dataset.max_length = 16
     config.eval.max_decode_length = 16
-    model_config = dict(d_model=32, num_heads=4, d_ff=64, num_layers=2, dropout_rate=0.0, norm_placement="pre")
+    model_config = dict(
+        d_model=32, num_heads=4, d_ff=64, num_layers=2, dropout_rate=0.0, norm_placement="pre", dtype="float32"
+    )
     model_config.update(model_overrides)
     config.model.update(model_config)
     config.optimizer.update(schedule="rsqrt", peak_learning_rate=3e-3, warmup_steps=10)
@@ -136,7 +138,7 @@ def _compiled_step(compilation: str, peak_learning_rate: float = 3e-3):
     """The train step as the loop compiles it, on a one-device mesh, and a fresh state in its layout."""
     config = default.get_config()
     config.dataset.max_length = config.eval.max_decode_length = 16
-    config.model.update(d_model=32, num_heads=4, d_ff=64, num_layers=1, dropout_rate=0.0)
+    config.model.update(d_model=32, num_heads=4, d_ff=64, num_layers=1, dropout_rate=0.0, dtype="float32")
     config.optimizer.update(schedule="rsqrt", peak_learning_rate=peak_learning_rate, warmup_steps=1)
     model = make_model(config, vocab_size=24)
     tx, schedule = make_optimizer(config.optimizer, d_model=config.model.d_model)
