@@ -1,6 +1,6 @@
 r"""The train step on one accelerator: speed, memory, attention kernels, matmul dtypes and learning.
 
-  PYTHONPATH=. python benchmarks/accelerator_check.py --sizes=base,big   # a GPU: ~3-4 minutes
+  PYTHONPATH=. python benchmarks/accelerator_check.py --sizes=base,big   # a GPU: ~13 minutes, copy ~2/3 of it
   PYTHONPATH=. python benchmarks/accelerator_check.py --sizes=tiny       # the same path on a CPU: ~1 minute
 
 Needs only jax, flax, optax, orbax, absl, ml_collections and NumPy (no TensorFlow, grain or
@@ -24,17 +24,24 @@ at its time limit keeps them):
   models/precision.py's policy is bf16 x bf16 -> f32 for every product forward and backward.
   Others are listed with the source location JAX gave them. Fused attention kernels are custom
   calls, counted apart.
-- copy: `--copy_steps` steps from fresh parameters on fresh copy batches, learning rate warming
-  up over COPY_WARMUP_STEPS to the paper's peak for the size; PASS if the mean target NLL of
-  the last 10 steps is under COPY_PASS_FRACTION x log(symbols) (a model blind to the source
-  cannot beat log(symbols): `synthetic.blind_nll`).
+- copy: `--copy_steps` steps (the size's own: tiny 300, base and big 1500) from fresh parameters
+  on fresh copy batches, learning rate warming up over COPY_WARMUP_STEPS to the paper's peak for
+  the size, then the same training again as a negative control whose cross-attention
+  sub-layers output zeros, so its decoder never sees the source. A model blind to the source
+  cannot beat log(symbols) (`synthetic.blind_nll`); the bar is COPY_PASS_FRACTION x log(symbols).
+  PASS if the mean target NLL of the last 10 steps is under the bar and the control's is above
+  it: a step that leaks the target to the decoder (a wrong causal mask, say) passes the bar
+  blind too, and the control fails the section.
 - attention: the loss and gradient (forward and backward, no update) with cuDNN's fused
   attention and with XLA's (`jax.nn.dot_product_attention`), same parameters, batch and
   dropout key; on a CPU, where cuDNN does not exist, the project's explicit formula and XLA's.
-  Each one's median time, and how far they differ against bfloat16's unit roundoff
-  u = 2^-8 (8 significant bits): the two round in different places (a fused kernel keeps its
-  own running softmax), so differences of a few u are rounding, while a wrong mask or scale
-  differs by O(1). Bars: loss within u, gradient norm within 2u, and the gradients' difference
+  The rows are `--attention_length` long (default: the size's own): packed copy pairs, most rows
+  ending in padding, whose query rows have no key (64 is the quick-start's length, and a key
+  length of 64 mod 128 is where cuDNN 9.19's backward once gave NaN on an H100). Each one's
+  median time, and how far they differ against bfloat16's unit roundoff u = 2^-8 (8
+  significant bits): the two round in different places (a fused kernel keeps its own running
+  softmax), so differences of a few u are rounding, while a wrong mask or scale differs by
+  O(1). Bars: loss within u, gradient norm within 2u, and the gradients' difference
   (L2) within 8u of the gradient's norm.
 - max_batch: the largest batch per device: the compiled step's memory at the step's rows and
   at twice as many (compile only) is fitted as fixed + per-row bytes, the rows that fit in
@@ -58,6 +65,7 @@ import sys
 import time
 import traceback
 
+import flax.linen as nn
 import jax
 import ml_collections
 import numpy as np
@@ -79,8 +87,11 @@ SECTIONS = ("step", "dtypes", "copy", "attention", "max_batch")
 _SIZES = flags.DEFINE_list("sizes", ["base", "big"], "Model sizes to check, in turn: tiny, base, big.")
 _SECTIONS = flags.DEFINE_list("sections", list(SECTIONS), "Sections to run (the module docstring).")
 _STEPS = flags.DEFINE_integer("steps", 20, "Timed steps of the step and attention sections (after warm-up).")
-_COPY_STEPS = flags.DEFINE_integer("copy_steps", 300, "Steps of the copy task.")
+_COPY_STEPS = flags.DEFINE_integer("copy_steps", 0, "Steps of the copy task (0: the size's own, tiny 300, else 1500).")
 _ROWS = flags.DEFINE_integer("rows", 0, "Rows per batch (0: the size's own; base and big ~25k target positions).")
+_ATTENTION_LENGTH = flags.DEFINE_integer(
+    "attention_length", 0, "Row length of the attention section's batch (0: the size's own; 64 for the quick-start's)."
+)
 _ATTENTION = flags.DEFINE_list(
     "attention", [], "The two attention implementations to compare (default: cudnn,xla on a GPU, else explicit,xla)."
 )
@@ -121,6 +132,7 @@ class Size:
     num_symbols: int  # Of the copy task.
     min_pair: int  # A copy pair's length range, <eos> included.
     max_pair: int
+    copy_steps: int  # That the copy section passes in, where the step is right.
 
 
 def make_size(name: str, rows: int = 0) -> Size:
@@ -130,7 +142,7 @@ def make_size(name: str, rows: int = 0) -> Size:
         # One layer of width 32 learns to copy in 300 steps only at a high rate (at 1e-3 or 5e-3 it learns the
         # symbols' frequencies alone).
         config.optimizer.peak_learning_rate, config.optimizer.warmup_steps = 1e-2, 30
-        size = Size(name, config, rows=16, length=64, num_symbols=64, min_pair=4, max_pair=16)
+        size = Size(name, config, rows=16, length=64, num_symbols=64, min_pair=4, max_pair=16, copy_steps=300)
     elif name in ("base", "big"):
         config = default.get_config()
         if name == "big":
@@ -140,8 +152,9 @@ def make_size(name: str, rows: int = 0) -> Size:
         config.optimizer.schedule = "rsqrt"
         config.optimizer.peak_learning_rate = paper_peak(config.model.d_model, config.optimizer.warmup_steps)
         config.optimizer.warmup_steps = COPY_WARMUP_STEPS
-        # 96 rows x 256 = 24.6k target positions on one device, the paper's ~25k tokens a batch.
-        size = Size(name, config, rows=96, length=256, num_symbols=512, min_pair=8, max_pair=64)
+        # 96 rows x 256 = 24.6k target positions on one device, the paper's ~25k tokens a batch. Post-LN base at
+        # the paper's peak only starts to use the source in 300 copy steps (docs/accelerator_check.md).
+        size = Size(name, config, rows=96, length=256, num_symbols=512, min_pair=8, max_pair=64, copy_steps=1500)
     else:
         raise app.UsageError(f"--sizes: unknown size {name!r}; choose tiny, base or big.")
     config.model.dtype = "bfloat16"
@@ -164,10 +177,30 @@ def without_regularisation(size: Size) -> Size:
     return dataclasses.replace(size, name=f"{size.name} no reg", config=config)
 
 
-class Check:
-    """One size's model, optimizer and train step (compiled per row count), and the state it runs on."""
+def _zero_cross_attention(next_method, args, kwargs, context):
+    """A flax method interceptor: every cross-attention sub-layer outputs zeros [batch, tgt_len, d_model]."""
+    if context.module.name == "cross_attention" and context.method_name == "__call__":
+        return jax.numpy.zeros_like(args[0])  # The queries' shape: the decoder stream's.
+    return next_method(*args, **kwargs)
 
-    def __init__(self, size: Size):
+
+def without_cross_attention(loss_fn):
+    """`loss_fn` of a model whose decoder never sees the source: the copy section's negative control."""
+
+    def blind_loss_fn(*args, **kwargs):
+        with nn.intercept_methods(_zero_cross_attention):  # Active while the step is traced.
+            return loss_fn(*args, **kwargs)
+
+    return blind_loss_fn
+
+
+class Check:
+    """One size's model, optimizer and train step (compiled per row count), and the state it runs on.
+
+    With `blind`, the step trains a decoder that never sees the source (`without_cross_attention`).
+    """
+
+    def __init__(self, size: Size, blind: bool = False):
         self.size = size
         config = self.config = size.config
         self.mesh = sharding.make_mesh(config.mesh, devices=jax.devices()[:1])
@@ -178,6 +211,8 @@ class Check:
         self.loss_fn = functools.partial(
             translation_loss, model=self.model, label_smoothing=config.optimizer.label_smoothing
         )
+        if blind:
+            self.loss_fn = without_cross_attention(self.loss_fn)
         self.train_step = compile_train_step(
             "jit",
             self.mesh,
@@ -200,16 +235,17 @@ class Check:
             lambda: create_train_state(self.model, self.tx, self.config.seed), out_shardings=self.shardings
         )()
 
-    def batch(self, rows: int) -> dict:
-        """A fresh copy-task batch of `rows` rows, placed on the mesh."""
+    def batch(self, rows: int, length: int = 0) -> dict:
+        """A fresh copy-task batch of `rows` rows of `length` (0: the size's), placed on the mesh."""
         size = self.size
+        length = length or size.length
         batch = synthetic.packed_copy_batch(
             self.rng,
             rows,
-            size.length,
+            length,
             num_symbols=size.num_symbols,
             min_length=size.min_pair,
-            max_length=size.max_pair,
+            max_length=min(size.max_pair, length),
         )
         return self.train_step.place_batch(batch)
 
@@ -341,9 +377,9 @@ def dtypes_section(check: Check) -> dict:
     return dot_dtypes(lowered.as_text(debug_info=True))
 
 
-def copy_section(check: Check) -> dict:
-    """Trains fresh parameters on fresh copy batches; PASS if the final NLL is well under the blind model's."""
-    rows, steps = check.size.rows, _COPY_STEPS.value
+def train_copy(check: Check, steps: int) -> dict:
+    """`steps` steps of `check`'s train step from fresh parameters on fresh copy batches: NLL first and last."""
+    rows = check.size.rows
     _, compiled, _ = check.compile(rows)
     check.reset_state()
     start = time.perf_counter()
@@ -352,21 +388,36 @@ def copy_section(check: Check) -> dict:
         check.state, step_metrics = compiled(check.state, check.batch(rows), jax.random.fold_in(check.base_rng, step))
         metrics.append(step_metrics)
     metrics = jax.device_get(metrics)
-    seconds = time.perf_counter() - start
     nll = [float(m["nll"]) for m in metrics]
-    blind = synthetic.blind_nll(check.size.num_symbols)
-    final = statistics.mean(nll[-COPY_LAST_STEPS:])
     return {
-        "steps": steps,
-        "seconds": seconds,
-        "symbols": check.size.num_symbols,
+        "seconds": time.perf_counter() - start,
         "first_nll": nll[0],
-        "final_nll": final,
-        "blind_nll": blind,
-        "pass_below": COPY_PASS_FRACTION * blind,
-        "passed": final < COPY_PASS_FRACTION * blind,
+        "final_nll": statistics.mean(nll[-COPY_LAST_STEPS:]),
         "skipped_steps": sum(not m["finite"] for m in metrics),
         "peak_learning_rate": max(float(m["learning_rate"]) for m in metrics),
+    }
+
+
+def copy_passed(final_nll: float, control_final_nll: float, bar: float) -> bool:
+    """The copy section's verdict: the model learned to copy and the blind control did not (NaN fails)."""
+    return final_nll < bar < control_final_nll
+
+
+def copy_section(check: Check) -> dict:
+    """Trains on the copy task, then a control that cannot see the source; PASS if only the first beats the bar."""
+    steps = _COPY_STEPS.value or check.size.copy_steps
+    learned = train_copy(check, steps)
+    control = train_copy(Check(check.size, blind=True), steps)
+    blind = synthetic.blind_nll(check.size.num_symbols)
+    bar = COPY_PASS_FRACTION * blind
+    return {
+        "steps": steps,
+        "symbols": check.size.num_symbols,
+        **learned,
+        "blind_nll": blind,
+        "pass_below": bar,
+        "control": control,  # The same training with cross-attention zeroed: must stay above the bar.
+        "passed": copy_passed(learned["final_nll"], control["final_nll"], bar),
     }
 
 
@@ -376,7 +427,8 @@ def attention_section(check: Check) -> dict:
         ("cudnn", "xla") if jax.default_backend() == "gpu" else ("explicit", "xla")
     )
     params = check.state.params
-    batch = check.batch(check.size.rows)
+    length = _ATTENTION_LENGTH.value or check.size.length
+    batch = check.batch(check.size.rows, length)
     rng = jax.random.fold_in(check.base_rng, 0)
     results, gradients = {}, {}
     for implementation in implementations:
@@ -421,6 +473,7 @@ def attention_section(check: Check) -> dict:
     }
     return {
         "compared": f"{first} vs {second}",
+        "length": length,
         "timing": f"forward and backward (no update), median of {_STEPS.value} calls",
         "dropout": check.config.model.dropout_rate,
         **{implementation: results[implementation] for implementation in implementations},
@@ -545,15 +598,18 @@ def summary(section: str, figures: dict) -> str:
         verdict = "all on policy" if figures["all_on_policy"] else f"OFF POLICY: {figures['off_policy']}"
         return f"{figures['dot_generals']} dot_generals ({counts}); {verdict}; custom calls: {calls}"
     if section == "copy":
+        control = figures["control"]
         return (
             f"{'PASS' if figures['passed'] else 'FAIL'}: NLL {figures['first_nll']:.3f} -> {figures['final_nll']:.3f} "
             f"(bar {figures['pass_below']:.3f} = {COPY_PASS_FRACTION} x log {figures['symbols']}) in "
-            f"{figures['steps']} steps, {figures['seconds']:.1f} s"
+            f"{figures['steps']} steps, {figures['seconds']:.1f} s; control without cross-attention "
+            f"{control['first_nll']:.3f} -> {control['final_nll']:.3f} (must stay above the bar), "
+            f"{control['seconds']:.1f} s"
         )
     if section == "attention":
         first, second = figures["compared"].split(" vs ")
         return (
-            f"{figures['compared']}: {figures[first]['loss_and_grad_ms']:.1f} vs "
+            f"{figures['compared']} at length {figures['length']}: {figures[first]['loss_and_grad_ms']:.1f} vs "
             f"{figures[second]['loss_and_grad_ms']:.1f} ms; loss rel diff {figures['loss_relative_difference']:.2e}, "
             f"grad norm rel diff {figures['grad_norm_relative_difference']:.2e}, grad diff / norm "
             f"{figures['grad_difference_norm_relative']:.2e}, max abs diff / max abs "

@@ -6,13 +6,15 @@ import os
 import subprocess
 import sys
 
+import jax
 import numpy as np
 import pytest
 from conftest import REPO_ROOT
 
 from common.special_ids import EOS_ID
 from input_pipeline import synthetic
-from models.packing import BATCH_KEYS
+from models.build import make_model
+from models.packing import BATCH_KEYS, Packing
 
 # What a machine lent without the data stack lacks; the check must not need any of it.
 DATA_STACK = ("tensorflow", "tensorflow_datasets", "grain", "sentencepiece")
@@ -59,6 +61,47 @@ def test_the_unregularised_variant_turns_off_dropout_and_label_smoothing_only():
     assert bare.name == "base no reg" and bare.rows == paper.rows
 
 
+def test_the_copy_control_learns_nothing_from_the_source():
+    from benchmarks import accelerator_check
+
+    size = accelerator_check.make_size("tiny")
+    model = make_model(size.config, size.config.tokenizer.vocab_size)
+    batch = synthetic.packed_copy_batch(np.random.default_rng(0), 4, 64, num_symbols=64, min_length=4, max_length=16)
+    # Every source symbol replaced by the next one, the targets kept: a model that reads the source scores it otherwise.
+    symbol = batch["inputs"] - synthetic.FIRST_SYMBOL
+    other = {**batch, "inputs": np.where(symbol >= 0, synthetic.FIRST_SYMBOL + (symbol + 1) % 64, batch["inputs"])}
+
+    def logits(params, batch):
+        packing = Packing.from_batch(batch)
+        return model.apply(params, batch["inputs"], batch["targets"], packing=packing, deterministic=True)
+
+    params = jax.jit(model.init, static_argnames="deterministic")(
+        jax.random.key(0), batch["inputs"], batch["targets"], packing=Packing.from_batch(batch), deterministic=True
+    )
+    seeing, blind = jax.jit(logits), jax.jit(accelerator_check.without_cross_attention(logits))
+    assert np.any(seeing(params, batch) != seeing(params, other))  # The model reads the source...
+    np.testing.assert_array_equal(blind(params, batch), blind(params, other))  # ... the control does not.
+    assert np.any(blind(params, batch) != seeing(params, batch))
+
+
+@pytest.mark.parametrize(
+    ("final_nll", "control_final_nll", "passed"),
+    [
+        (0.5, 4.0, True),
+        (2.0, 4.0, False),  # The model did not learn to copy.
+        (0.5, 0.5, False),  # The control learned it blind: the step leaks the target, the pass means nothing.
+        (math.nan, 4.0, False),
+        (0.5, math.nan, False),
+    ],
+)
+def test_the_copy_section_passes_only_where_the_model_learns_and_the_control_does_not(
+    final_nll, control_final_nll, passed
+):
+    from benchmarks import accelerator_check
+
+    assert accelerator_check.copy_passed(final_nll, control_final_nll, bar=1.0) is passed
+
+
 @pytest.mark.slow
 def test_tiny_check_measures_every_section_without_the_data_stack(tmp_path):
     output = tmp_path / "check.json"
@@ -68,6 +111,7 @@ def test_tiny_check_measures_every_section_without_the_data_stack(tmp_path):
         "--sizes=tiny",
         "--steps=5",
         "--memory_limit_mib=64",  # A CPU has no device memory limit: the search fills this much.
+        "--attention_length=32",
         f"--output={output}",
     ]
     environment = {**os.environ, "PYTHONPATH": REPO_ROOT}  # As on the lent machine: the repository not installed.
@@ -88,7 +132,9 @@ def test_tiny_check_measures_every_section_without_the_data_stack(tmp_path):
     }
     copy = tiny["copy"]
     assert copy["passed"] and copy["final_nll"] < copy["pass_below"] < copy["blind_nll"] < copy["first_nll"]
-    assert tiny["attention"]["compared"] == "explicit vs xla" and tiny["attention"]["agree"]
+    assert copy["steps"] == 300 and copy["control"]["final_nll"] > copy["pass_below"]  # Blind, it cannot copy.
+    attention = tiny["attention"]
+    assert attention["compared"] == "explicit vs xla" and attention["length"] == 32 and attention["agree"]
     search = tiny["max_batch"]
     assert search["rows"] == search["tried_rows"][-1] >= tiny["step"]["rows"]
     assert search["compiled_memory"]["total_bytes"] <= 64 * 2**20
