@@ -126,10 +126,14 @@ def token_metrics(logits: jax.Array, targets: jax.Array, label_smoothing: float)
     return weighted_metrics(logits, targets, targets != PAD_ID, label_smoothing)
 
 
+# The scope of the chunked loss's operations: profiles (benchmarks/hlo_buckets.py) put its matmuls with the
+# vocabulary projection and the rest with the loss, as they do the model's `_logits` and `_token_losses`.
+_SCOPE = "chunked_logits"
+
+
 def _chunk_logits(states: jax.Array, matrix: jax.Array, dtype) -> jax.Array:
     """[batch, positions, vocab] float32 logits of states [batch, positions, d_model], as the model computes them."""
-    with jax.named_scope("chunked_logits"):  # Profiles bucket it with the vocabulary projection and loss.
-        return float32_accumulating_einsum("bld,vd->blv", states, matrix, dtype=dtype)
+    return float32_accumulating_einsum("bld,vd->blv", states, matrix, dtype=dtype)
 
 
 def _chunks(length: int, num_chunks: int) -> list[slice]:
@@ -146,9 +150,10 @@ def _chunked_token_losses(states, matrix, targets, label_smoothing, dtype, num_c
 def _chunked_token_losses_forward(states, matrix, targets, label_smoothing, dtype, num_chunks):
     outputs = []
     for chunk in _chunks(targets.shape[1], num_chunks):
-        logits = _chunk_logits(states[:, chunk], matrix, dtype)
-        (nll, smoothed), (_, _, log_normalizer) = _token_losses_forward(logits, targets[:, chunk], label_smoothing)
-        outputs.append((nll, smoothed, _is_correct(logits, targets[:, chunk]), log_normalizer))
+        with jax.named_scope(_SCOPE):
+            logits = _chunk_logits(states[:, chunk], matrix, dtype)
+            (nll, smoothed), (_, _, log_normalizer) = _token_losses_forward(logits, targets[:, chunk], label_smoothing)
+            outputs.append((nll, smoothed, _is_correct(logits, targets[:, chunk]), log_normalizer))
     nll, smoothed, correct, log_normalizer = (jnp.concatenate(parts, axis=1) for parts in zip(*outputs))
     return (nll, smoothed, correct), (states, matrix, targets, log_normalizer)
 
@@ -162,13 +167,13 @@ def _chunked_token_losses_backward(label_smoothing, dtype, num_chunks, residuals
     matrix_operand = matrix.astype(dtype)
     states_grads, matrix_grad = [], jnp.zeros(matrix.shape, jnp.float32)
     for chunk in _chunks(targets.shape[1], num_chunks):
-        logits = _chunk_logits(states[:, chunk], matrix, dtype)
-        residual = (logits, targets[:, chunk], log_normalizer[:, chunk])
-        logits_grad, _ = _token_losses_backward(
-            label_smoothing, residual, (nll_cotangent[:, chunk], smoothed_cotangent[:, chunk])
-        )
-        logits_grad = logits_grad.astype(dtype)
-        with jax.named_scope("chunked_logits"):
+        with jax.named_scope(_SCOPE):
+            logits = _chunk_logits(states[:, chunk], matrix, dtype)
+            residual = (logits, targets[:, chunk], log_normalizer[:, chunk])
+            logits_grad, _ = _token_losses_backward(
+                label_smoothing, residual, (nll_cotangent[:, chunk], smoothed_cotangent[:, chunk])
+            )
+            logits_grad = logits_grad.astype(dtype)
             states_grads.append(
                 float32_accumulating_einsum("blv,vd->bld", logits_grad, matrix_operand, dtype=dtype).astype(dtype)
             )
