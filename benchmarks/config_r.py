@@ -90,13 +90,24 @@ class ProjectStep:
 
 
 class TorchStep:
-    """The same model and update in PyTorch (`nn.Transformer`), with one batch it trains on repeatedly."""
+    """The same model and update in PyTorch (`nn.Transformer`), with one batch it trains on repeatedly.
 
-    def __init__(self, config: ml_collections.ConfigDict, batch: dict[str, np.ndarray]):
+    On a GPU (`device` 'cuda') Adam is `fused`, as PyTorch recommends there; `compile_backend`
+    (e.g. 'inductor') runs the forward pass and loss under `torch.compile`.
+    """
+
+    def __init__(
+        self,
+        config: ml_collections.ConfigDict,
+        batch: dict[str, np.ndarray],
+        device: str = "cpu",
+        compile_backend: str | None = None,
+    ):
         import torch  # An optional dependency: the benchmark extra.
         from torch import nn
 
         self._torch = torch
+        self._device = device
         model = config.model
         d_model, vocab_size = model.d_model, config.tokenizer.vocab_size
         encoder_layers, decoder_layers = num_layers(model)
@@ -122,42 +133,49 @@ class TorchStep:
                 "output": output,
             }
         ).train()
+        self.modules.to(device)
         self._scale = math.sqrt(d_model)
-        self._positions = torch.from_numpy(sinusoidal_positions(model.max_len, d_model))
-        self._loss = nn.CrossEntropyLoss(label_smoothing=config.optimizer.label_smoothing)
+        self._positions = torch.from_numpy(sinusoidal_positions(model.max_len, d_model)).to(device)
+        self._cross_entropy = nn.CrossEntropyLoss(label_smoothing=config.optimizer.label_smoothing)
         self._optimizer = torch.optim.Adam(
             self.modules.parameters(),
             lr=config.optimizer.peak_learning_rate,
             betas=(config.optimizer.b1, config.optimizer.b2),
             eps=config.optimizer.eps,
+            **({"fused": True} if device != "cpu" else {}),
         )
         self._autocast = (
-            (lambda: torch.autocast("cpu", dtype=torch.bfloat16))
+            (lambda: torch.autocast(torch.device(device).type, dtype=torch.bfloat16))
             if model.dtype == "bfloat16"
             else contextlib.nullcontext
         )
-        self._inputs = torch.from_numpy(batch["inputs"]).long()
-        self._targets = torch.from_numpy(batch["targets"]).long()
+        self._inputs = torch.from_numpy(batch["inputs"]).long().to(device)
+        self._targets = torch.from_numpy(batch["targets"]).long().to(device)
+        self._forward_loss = torch.compile(self._loss, backend=compile_backend) if compile_backend else self._loss
 
     def _embed(self, ids):
         """[batch, length] ids -> [batch, length, d_model]: scaled embedding + positions, dropout."""
         x = self.modules["embedding"](ids) * self._scale + self._positions[: ids.shape[1]]
         return self.modules["dropout"](x)
 
-    def __call__(self):
-        """Runs one update; returns its loss ([] float32 tensor)."""
+    def _loss(self):
+        """The batch's label-smoothed loss ([] float32 tensor), teacher-forced."""
         torch = self._torch
         length = self._targets.shape[1]
-        bos = torch.full((self._targets.shape[0], 1), BOS_ID, dtype=self._targets.dtype)
+        bos = torch.full((self._targets.shape[0], 1), BOS_ID, dtype=self._targets.dtype, device=self._device)
         decoder_inputs = torch.cat([bos, self._targets[:, :-1]], dim=1)
-        causal_mask = torch.nn.Transformer.generate_square_subsequent_mask(length)
-        self._optimizer.zero_grad()
+        causal_mask = torch.nn.Transformer.generate_square_subsequent_mask(length, device=self._device)
         with self._autocast():
             hidden = self.modules["transformer"](
                 self._embed(self._inputs), self._embed(decoder_inputs), tgt_mask=causal_mask, tgt_is_causal=True
             )
             logits = self.modules["output"](hidden)
-            loss = self._loss(logits.flatten(0, 1), self._targets.flatten())
+            return self._cross_entropy(logits.flatten(0, 1), self._targets.flatten())
+
+    def __call__(self):
+        """Runs one update; returns its loss ([] float32 tensor)."""
+        self._optimizer.zero_grad()
+        loss = self._forward_loss()
         loss.backward()
         self._optimizer.step()
         return loss.detach()

@@ -4,6 +4,8 @@ An instruction's bucket is the first of `BUCKETS` that any of its operations pas
 by its opcode and its JAX operation name (`metadata.op_name`): a fusion by every operation it
 fuses, so a matmul with a fused cast counts as a matmul and a layer norm with a fused cast as a
 layer norm; casts and transposes count alone only where nothing else is fused with them.
+A custom call's opcode carries its target ('custom-call:__cudnn$fmhaScaleBiasSoftmax'), so the
+library kernels of a GPU module (cuBLAS matmuls, cuDNN's fused attention) are told apart too.
 """
 
 import collections
@@ -11,7 +13,13 @@ import re
 
 
 def _is_matmul(opcode: str, op_name: str) -> bool:
-    return opcode in ("dot", "convolution") or op_name.endswith("dot_general")
+    library_matmul = opcode.startswith("custom-call:") and ("gemm" in opcode or "matmul" in opcode)  # cuBLAS(Lt).
+    return opcode in ("dot", "convolution") or library_matmul or op_name.endswith("dot_general")
+
+
+def _is_fused_attention(opcode: str, _) -> bool:
+    """cuDNN's fused attention kernels (forward and backward), whole attentions in one custom call."""
+    return opcode.startswith("custom-call:") and "fmha" in opcode
 
 
 def _is_attention_product(opcode: str, op_name: str) -> bool:
@@ -31,6 +39,7 @@ def _outside_model(_, op_name: str) -> bool:
 # (bucket, test on one operation: its opcode and JAX op_name). An instruction goes to the first
 # bucket any of its operations (a fusion's: every fused one) passes.
 BUCKETS = (
+    ("fused attention (cuDNN)", _is_fused_attention),
     ("matmuls: vocabulary projection", lambda opcode, op_name: _is_matmul(opcode, op_name) and "_logits" in op_name),
     ("matmuls: attention products", _is_attention_product),
     ("matmuls: projections and feed-forward", _is_matmul),
@@ -56,8 +65,9 @@ def _is_cache_write(opcode: str, op_name: str) -> bool:
 
 _BY_LABEL = dict(BUCKETS)
 # The same for a decoding loop (benchmarks/decode_speed.py), where the search takes the optimizer's place.
+_MATMULS = BUCKETS[:4]  # Fused attention and the matmuls.
 DECODE_BUCKETS = (
-    *BUCKETS[:3],  # The matmuls.
+    *_MATMULS,
     ("search: reordering beams (cache gathers)", _is_beam_gather),
     ("search: log-softmax, top-k, bookkeeping", _outside_model),
     ("cache writes", _is_cache_write),
@@ -71,6 +81,7 @@ DECODE_BUCKETS = (
 _INERT = {"parameter", "constant", "get-tuple-element", "tuple", "bitcast"}
 CONTAINERS = {"while", "call", "conditional", "async-start", "async-done"}  # Their inner instructions have events.
 _INSTRUCTION = re.compile(r"^\s*(?:ROOT\s+)?%?([\w.\-]+) = (?:\([^=]*?\)|\S+) ([a-z][\w\-]*)\((.*)$")
+_CUSTOM_CALL_TARGET = re.compile(r'custom_call_target="([^"]*)"')
 _COMPUTATION = re.compile(r"^(?:ENTRY\s+)?%?([\w.\-]+) \(.*\{$")
 
 
@@ -84,6 +95,8 @@ def operations(hlo: str) -> tuple[dict, dict]:
             name, opcode, rest = match.groups()
             op_name = re.search(r'op_name="([^"]*)"', rest)
             calls = re.findall(r"(?:calls|to_apply|body|condition)=%?([\w.\-]+)", rest)
+            if opcode == "custom-call" and (target := _CUSTOM_CALL_TARGET.search(rest)):
+                opcode = f"custom-call:{target.group(1)}"
             instructions[name] = (opcode, op_name.group(1) if op_name else "", calls)
             computations[current].append(name)
     return instructions, computations

@@ -42,6 +42,22 @@ the rounds of several such processes, one per allocator, in turn.
 Take figures on a quiet machine: PyTorch's OpenMP threads suffer far more than XLA's pool from
 other work on the same cores (under load, a PyTorch step with its default threads can run
 several times slower than with one).
+
+On an accelerator, `--model=base` (benchmarks/step_variants.py) A/Bs the train step of
+configs/default.py's Transformer-base in bfloat16 (96 x 256 random ids, no padding) against
+PyTorch eager and `torch.compile` (inductor) on the same device, in one process:
+
+  python -m benchmarks.peer_throughput --model=base \
+    --variants=default,prng_impl=unsafe_rbg,loss_chunks=8 --xla_flag_sets=jax_guide,cublas --profile_steps=10
+
+PyTorch runs under `torch.autocast` (bf16) with fused Adam, once for all variants (they are this
+project's config fields). Every contender's steps are timed as whole runs with one
+synchronisation at the end (a loss read back), in alternating rounds; MFU is training/flops.py's
+model FLOPs over the device's dense bf16 peak (its table). Each XLA flag set
+(step_variants.XLA_FLAG_SETS) times the default step in a process of its own, after the rounds;
+`--profile_steps` > 0 profiles each variant's step by kind of kernel (benchmarks/xla_profile.py).
+JAX and PyTorch share the device: JAX allocates as it goes (XLA_PYTHON_CLIENT_PREALLOCATE=false).
+`--model=tiny` runs the same on configs/tiny.py's model, for a CPU in seconds.
 """
 
 import dataclasses
@@ -50,6 +66,7 @@ import math
 import os
 import statistics
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterable
 
@@ -57,10 +74,11 @@ import jax
 import ml_collections
 from absl import app, flags
 
-from benchmarks import records
+from benchmarks import records, step_variants, xla_profile
 from benchmarks.config_r import ProjectStep, TorchStep, config_r, num_layers, random_batch
+from common.errors import UserInputError
 from models.build import make_model
-from training import flops
+from training import flops, step_options
 from training.reporting.logs import quiet_library_logs
 from training.runtime import compilation_cache, host_memory
 
@@ -71,9 +89,32 @@ VARIANTS = {
     "bfloat16-dropout0": ("bfloat16", 0.0),
 }
 
-_VARIANTS = flags.DEFINE_list("variants", list(VARIANTS), f"Rows to measure, of: {', '.join(VARIANTS)}.")
-FRAMEWORKS = ("jax", "torch")  # This project's step, PyTorch's.
-_FRAMEWORKS = flags.DEFINE_list("frameworks", list(FRAMEWORKS), "Steps to time: this project's (jax), PyTorch's.")
+MODELS = ("config_r", *step_variants.MODELS)
+_MODEL = flags.DEFINE_enum(
+    "model", "config_r", MODELS, "config_r (the CPU comparison), base (Transformer-base on a GPU), tiny (base's path)."
+)
+_VARIANTS = flags.DEFINE_list(
+    "variants",
+    [],
+    f"Rows to measure. config_r: of {', '.join(VARIANTS)} (default: all). base, tiny: 'default' or config "
+    "fields field=value joined by '+' (benchmarks/step_variants.py); default: default.",
+)
+FRAMEWORKS = ("jax", "torch", "torch_compile")  # This project's step, PyTorch's eager, under torch.compile.
+_FRAMEWORKS = flags.DEFINE_list(
+    "frameworks", [], "Steps to time, of jax, torch, torch_compile (default: config_r jax,torch; base, tiny: all)."
+)
+_XLA_FLAG_SETS = flags.DEFINE_list(
+    "xla_flag_sets",
+    [],
+    f"base, tiny on a GPU: XLA flag sets to time the default step under, each in a process of its own, of "
+    f"{', '.join(step_variants.XLA_FLAG_SETS)}.",
+)
+_PROFILE_STEPS = flags.DEFINE_integer(
+    "profile_steps", 0, "base, tiny: steps of each variant to profile by kind of kernel (0: none).", lower_bound=0
+)
+_COMPILE_BACKEND = flags.DEFINE_string(
+    "torch_compile_backend", "inductor", "torch.compile's backend ('eager' checks the path without compiling)."
+)
 _ROUNDS = flags.DEFINE_integer("rounds", 5, "Timed rounds; each runs every variant in both frameworks.", lower_bound=1)
 _STEPS = flags.DEFINE_integer("steps", 10, "Timed steps per variant, framework and round.", lower_bound=1)
 _WARMUP_STEPS = flags.DEFINE_integer(
@@ -115,33 +156,52 @@ class _Measurements:
     matmul_gflops: dict[str, list[float]]  # Operand dtype -> one per round.
 
 
-def _measure(
-    configs: dict[str, ml_collections.ConfigDict],
-    rounds: Iterable,
-    steps: int,
-    warmup_steps: int,
-    frameworks: list[str],
-    print_rounds: bool = False,
-) -> _Measurements:
-    """Builds and warms up every variant's steps in `frameworks`, then times them (and the matmuls) in
-    alternating rounds, one for each item of `rounds`; with `print_rounds`, prints each round's tokens/s as JSON."""
-    runners, first_step_seconds = {}, {}
+def _config_r_runners(configs: dict[str, ml_collections.ConfigDict], frameworks: list[str]) -> dict:
+    """(variant, framework) -> its step: each variant in this project and in PyTorch (on the CPU)."""
+    runners = {}
     for name, config in configs.items():
         batch = random_batch(config)
         for framework, make_step in (("jax", ProjectStep), ("torch", TorchStep)):
-            if framework not in frameworks:
-                continue
-            runners[name, framework] = make_step(config, batch)
-            first_step_seconds[name, framework] = _warm_up(runners[name, framework], warmup_steps)
+            if framework in frameworks:
+                runners[name, framework] = make_step(config, batch)
+    return runners
 
+
+def _accelerator_runners(
+    configs: dict[str, ml_collections.ConfigDict], frameworks: list[str], compile_backend: str
+) -> dict:
+    """(variant, framework) -> its step: each variant in this project; PyTorch's two once, as the first variant's."""
+    first, config = next(iter(configs.items()))
+    device = "cuda" if jax.default_backend() == "gpu" else "cpu"
+    runners = {}
+    if "jax" in frameworks:
+        runners = {(name, "jax"): ProjectStep(variant, random_batch(variant)) for name, variant in configs.items()}
+    for framework, backend in (("torch", None), ("torch_compile", compile_backend)):
+        if framework in frameworks:
+            runners[first, framework] = TorchStep(config, random_batch(config), device, compile_backend=backend)
+    return runners
+
+
+def _measure(
+    runners: dict,
+    tokens: dict,
+    rounds: Iterable,
+    steps: int,
+    warmup_steps: int,
+    matmul_dtypes: tuple[str, ...] = ("float32", "bfloat16"),
+    print_rounds: bool = False,
+) -> _Measurements:
+    """Warms up every step of `runners` ((variant, framework) -> step), then times them (and the matmuls of
+    `matmul_dtypes`) in alternating rounds, one for each item of `rounds`; with `print_rounds`, prints each
+    round's tokens/s as JSON. A step of `runners[key]` is `tokens[key]` target tokens."""
+    first_step_seconds = {key: _warm_up(step, warmup_steps) for key, step in runners.items()}
     tokens_per_second = {key: [] for key in runners}
-    matmul_gflops = {dtype: [] for dtype in ("float32", "bfloat16")}
+    matmul_gflops = {dtype: [] for dtype in matmul_dtypes}
     for round_index, _ in enumerate(rounds):
         for dtype, values in matmul_gflops.items():
             values.append(flops.measured_matmul_peak(dtype, _MATMUL_SIZE, _MATMUL_REPEATS) / 1e9)
-        for (name, framework), step in runners.items():
-            tokens = configs[name].per_device_batch_size * configs[name].dataset.max_length
-            tokens_per_second[name, framework].append(tokens / _seconds_per_step(step, steps))
+        for key, step in runners.items():
+            tokens_per_second[key].append(tokens[key] / _seconds_per_step(step, steps))
         if print_rounds:
             figures = {f"{name} {framework}": values[-1] for (name, framework), values in tokens_per_second.items()}
             print(json.dumps({"round": round_index, "tokens_per_second": figures}), flush=True)
@@ -221,6 +281,102 @@ def _table(figures: dict) -> list[str]:
     return lines
 
 
+def _tokens_per_step(config: ml_collections.ConfigDict) -> int:
+    return config.per_device_batch_size * config.dataset.max_length
+
+
+def _step_flops(config: ml_collections.ConfigDict) -> int:
+    rows, length = config.per_device_batch_size, config.dataset.max_length
+    return flops.train_step_flops(make_model(config, config.tokenizer.vocab_size).config, rows, length, length)
+
+
+def _accelerator_figures(
+    configs: dict[str, ml_collections.ConfigDict], measured: _Measurements, flag_sets: dict, profiles: dict
+) -> dict:
+    """Per contender (each variant of this project's step, PyTorch eager, torch.compile, each XLA flag set's
+    default step), medians over rounds: step ms, tokens/s, MFU, ratios to PyTorch's two; and the profiles."""
+    first = next(iter(configs))
+    peak, peak_source = flops.peak_flops_per_device("bfloat16")
+    median = {key: statistics.median(values) for key, values in measured.tokens_per_second.items()}
+    torch_medians = {framework: median.get((first, framework), math.nan) for framework in FRAMEWORKS[1:]}
+
+    def row(config, tokens_per_second, **fields):
+        return {
+            "tokens_per_second": tokens_per_second,
+            "step_ms": _tokens_per_step(config) / tokens_per_second * 1e3,
+            "mfu": _step_flops(config) / (_tokens_per_step(config) / tokens_per_second) / peak,
+            "vs_torch": tokens_per_second / torch_medians["torch"],
+            "vs_torch_compile": tokens_per_second / torch_medians["torch_compile"],
+            **fields,
+        }
+
+    contenders = {}
+    for (name, framework), value in median.items():
+        contenders[name if framework == "jax" else framework] = row(
+            configs[name],
+            value,
+            framework=framework,
+            first_step_seconds=measured.first_step_seconds[name, framework],
+            round_tokens_per_second=measured.tokens_per_second[name, framework],
+        )
+    for name, record in flag_sets.items():
+        label = f"{step_variants.DEFAULT_VARIANT}, XLA flags {name}"
+        if "error" in record:
+            contenders[label] = {"framework": "jax", "error": record["error"]}
+            continue
+        child = record["figures"]["contenders"][step_variants.DEFAULT_VARIANT]
+        contenders[label] = row(
+            configs[first],
+            child["tokens_per_second"],
+            framework="jax",
+            process="its own",  # The ratios compare across processes.
+            xla_flags=step_variants.XLA_FLAG_SETS[name],
+            first_step_seconds=child["first_step_seconds"],
+            round_tokens_per_second=child["round_tokens_per_second"],
+        )
+    return {
+        "peak_flops_per_second": peak,
+        "peak_source": peak_source,
+        "contenders": contenders,
+        "profiles": profiles,
+    }
+
+
+def _accelerator_table(figures: dict) -> list[str]:
+    """The contenders as a Markdown table; each profiled variant's buckets side by side."""
+    lines = [
+        "| contender | step ms | target tok/s | MFU | x PyTorch eager | x torch.compile | first step s |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for name, row in figures["contenders"].items():
+        if "error" in row:
+            lines.append(f"| {name} | failed: {row['error']} | | | | | |")
+            continue
+        lines.append(
+            f"| {name} | {row['step_ms']:.1f} | {row['tokens_per_second']:,.0f} | {row['mfu']:.1%} "
+            f"| {row['vs_torch']:.2f} | {row['vs_torch_compile']:.2f} | {row['first_step_seconds']:.1f} |"
+        )
+    if profiles := figures["profiles"]:
+        names, clock = list(profiles), next(iter(profiles.values()))["clock"]
+        key = f"{clock}_ms_per_call"
+        lines += [
+            "",
+            f"Profile by kind of kernel ({clock} ms a step, share):",
+            "",
+            "| operations | " + " | ".join(names) + " |",
+            "|---|" + "---:|" * len(names),
+        ]
+        for label in next(iter(profiles.values()))["buckets"]:
+            cells = [profiles[name]["buckets"][label] for name in names]
+            lines.append(f"| {label} | " + " | ".join(f"{c[key]:.2f} ({c['share']:.0%})" for c in cells) + " |")
+        totals = [
+            f"{p[f'profiled_{key}']:.1f} of {figures['contenders'][name]['step_ms']:.1f}"
+            for name, p in profiles.items()
+        ]
+        lines.append("| all kernels, of the step's wall time | " + " | ".join(totals) + " |")
+    return lines
+
+
 def _format_rounds(values: list[float]) -> str:
     return " ".join(f"{value:,.0f}" for value in values)
 
@@ -230,26 +386,20 @@ def _exit_with_error(message: str) -> None:
     sys.exit(2)  # As the entry points exit on a user's error.
 
 
-def main(argv):
-    del argv
-    host_memory.set_up()  # As train.py runs; before JAX or PyTorch starts.
-    torch = None
-    if "torch" in _FRAMEWORKS.value:
-        try:
-            import torch
-        except ImportError:
-            _exit_with_error("PyTorch is not installed; install this benchmark's extra: pip install -e '.[benchmark]'")
-    for flag, names, known in (("variants", _VARIANTS.value, VARIANTS), ("frameworks", _FRAMEWORKS.value, FRAMEWORKS)):
-        if unknown := [name for name in names if name not in known]:
-            _exit_with_error(f"--{flag}: unknown {', '.join(unknown)}; choose among {', '.join(known)}.")
-    quiet_library_logs()
+def _config_r_main(torch_module, variants: list[str], frameworks: list[str]) -> None:
+    if unknown := [name for name in variants if name not in VARIANTS]:
+        _exit_with_error(f"--variants: unknown {', '.join(unknown)}; choose among {', '.join(VARIANTS)}.")
     compilation_cache.enable("")  # Compile times as on a cold start.
-    configs = {name: config_r(*VARIANTS[name]) for name in _VARIANTS.value}
+    configs = {name: config_r(*VARIANTS[name]) for name in variants}
     rounds = sys.stdin if _ROUNDS_FROM_STDIN.value else range(_ROUNDS.value)
     measured_source = records.source()
-    measured = _measure(configs, rounds, _STEPS.value, _WARMUP_STEPS.value, _FRAMEWORKS.value, _ROUNDS_FROM_STDIN.value)
+    runners = _config_r_runners(configs, frameworks)
+    tokens = {key: _tokens_per_step(configs[key[0]]) for key in runners}
+    measured = _measure(
+        runners, tokens, rounds, _STEPS.value, _WARMUP_STEPS.value, print_rounds=_ROUNDS_FROM_STDIN.value
+    )
     figures = _figures(configs, measured)
-    setting, table = _setting(next(iter(configs.values())), torch), _table(figures)
+    setting, table = _setting(next(iter(configs.values())), torch_module), _table(figures)
     print("\n".join([*setting, "", *table]))
     if _OUTPUT.value != "none":
         record = records.new(
@@ -263,6 +413,101 @@ def main(argv):
         )
         path = _OUTPUT.value or os.path.join(records.RESULTS_DIR, f"peer_throughput_{record['machine']['cpu_kind']}")
         print("wrote", records.write(record, path, [*setting, "", *table]))
+
+
+def _accelerator_main(torch_module, variants: list[str], frameworks: list[str]) -> None:
+    base = step_variants.MODELS[_MODEL.value]()
+    try:
+        configs = {name: step_variants.with_variant(base, name) for name in variants}
+        for config in configs.values():
+            step_options.check_step_options(config)
+    except (ValueError, KeyError, UserInputError) as e:
+        _exit_with_error(f"--variants: {e}")
+    if unknown := [name for name in _XLA_FLAG_SETS.value if name not in step_variants.XLA_FLAG_SETS]:
+        _exit_with_error(
+            f"--xla_flag_sets: unknown {', '.join(unknown)}; choose among {', '.join(step_variants.XLA_FLAG_SETS)}."
+        )
+    if _XLA_FLAG_SETS.value and jax.default_backend() != "gpu":
+        _exit_with_error(f"--xla_flag_sets: XLA's GPU flags apply on a GPU; this backend is {jax.default_backend()}.")
+    measured_source = records.source()
+    with tempfile.TemporaryDirectory() as scratch:
+        # Compiled steps are kept, so that a profile reads its step's module back instead of compiling it again.
+        compilation_cache.enable(os.path.join(scratch, "compilation_cache"))
+        runners = _accelerator_runners(configs, frameworks, _COMPILE_BACKEND.value)
+        tokens = {key: _tokens_per_step(configs[key[0]]) for key in runners}
+        measured = _measure(runners, tokens, range(_ROUNDS.value), _STEPS.value, _WARMUP_STEPS.value, ())
+        profiles = {
+            name: xla_profile.profile(lambda step=step: float(step()), step.compiled_hlo(), calls=_PROFILE_STEPS.value)
+            for (name, framework), step in runners.items()
+            if framework == "jax" and _PROFILE_STEPS.value
+        }
+        runners.clear()  # Frees the device for the flag sets' processes.
+        arguments = [
+            f"--model={_MODEL.value}",
+            f"--variants={step_variants.DEFAULT_VARIANT}",
+            "--frameworks=jax",
+            f"--rounds={_ROUNDS.value}",
+            f"--steps={_STEPS.value}",
+            f"--warmup_steps={_WARMUP_STEPS.value}",
+        ]
+        flag_sets = {
+            name: step_variants.run_with_xla_flags(
+                step_variants.XLA_FLAG_SETS[name], arguments, os.path.join(scratch, name)
+            )
+            for name in _XLA_FLAG_SETS.value
+        }
+    figures = _accelerator_figures(configs, measured, flag_sets, profiles)
+    config = next(iter(configs.values()))
+    device = jax.devices()[0]
+    setting = [
+        f"configs/default.py's model ({_MODEL.value}): d_model {config.model.d_model}, {config.model.num_heads} heads, "
+        f"d_ff {config.model.d_ff}, {'+'.join(map(str, num_layers(config.model)))} layers, "
+        f"{config.model.norm_placement}-LN, vocab {config.tokenizer.vocab_size:,}, {config.model.dtype}, batch "
+        f"{config.per_device_batch_size} x {config.dataset.max_length} (no padding), "
+        f"dropout {config.model.dropout_rate}, "
+        f"label smoothing {config.optimizer.label_smoothing}, Adam.",
+        f"JAX {jax.__version__} on {device.device_kind} ({jax.default_backend()}); "
+        + (f"PyTorch {torch_module.__version__} (autocast bf16, fused Adam on a GPU)." if torch_module else "")
+        + f" MFU over {figures['peak_flops_per_second'] / 1e12:.1f} TFLOP/s ({figures['peak_source']}). "
+        f"Medians of {_ROUNDS.value} rounds of {_STEPS.value} steps.",
+    ]
+    table = _accelerator_table(figures)
+    print("\n".join([*setting, "", *table]))
+    if _OUTPUT.value != "none":
+        record = records.new(
+            f"this project's train step and its variants against PyTorch eager and torch.compile, {_MODEL.value}",
+            figures=figures,
+            packages=(*records.DEFAULT_PACKAGES, "torch"),
+            setting=setting,
+            xla_flags=os.environ.get("XLA_FLAGS", ""),
+            jax_backend=jax.default_backend(),
+            **measured_source,
+        )
+        record["machine"]["accelerator"] = f"{device.device_kind} ({jax.default_backend()})"
+        default_path = os.path.join(records.RESULTS_DIR, f"peer_throughput_{_MODEL.value}_{jax.default_backend()}")
+        print("wrote", records.write(record, _OUTPUT.value or default_path, [*setting, "", *table]))
+
+
+def main(argv):
+    del argv
+    host_memory.set_up()  # As train.py runs; before JAX or PyTorch starts.
+    accelerator_mode = _MODEL.value != "config_r"
+    frameworks = _FRAMEWORKS.value or list(FRAMEWORKS if accelerator_mode else FRAMEWORKS[:2])
+    if unknown := [name for name in frameworks if name not in FRAMEWORKS]:
+        _exit_with_error(f"--frameworks: unknown {', '.join(unknown)}; choose among {', '.join(FRAMEWORKS)}.")
+    torch = None
+    if any(framework.startswith("torch") for framework in frameworks):
+        # JAX would otherwise take most of the device's memory at start-up, leaving PyTorch little.
+        os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+        try:
+            import torch
+        except ImportError:
+            _exit_with_error("PyTorch is not installed; install this benchmark's extra: pip install -e '.[benchmark]'")
+    quiet_library_logs()
+    if accelerator_mode:
+        _accelerator_main(torch, _VARIANTS.value or [step_variants.DEFAULT_VARIANT], frameworks)
+    else:
+        _config_r_main(torch, _VARIANTS.value or list(VARIANTS), frameworks)
 
 
 if __name__ == "__main__":

@@ -49,12 +49,7 @@ def main(argv):
         f"CPU time a step over all threads ({_STEPS.value} profiled steps). "
         f"XLA_FLAGS: `{os.environ.get('XLA_FLAGS', '')}`.",
         "",
-        "| operations | CPU ms a step | share |",
-        "|---|---:|---:|",
-        *(
-            f"| {label} | {row['cpu_ms_per_call']:.1f} | {row['share']:.1%} |"
-            for label, row in figures["buckets"].items()
-        ),
+        *xla_profile.bucket_table(figures),
     ]
     record = records.new(
         f"where config R's {_DTYPE.value} train step spends its time",

@@ -333,8 +333,36 @@ class Transformer(nn.Module):
             deterministic: disables dropout; otherwise a 'dropout' rng is required.
         """
         encoded = self.encode(inputs, packing=packing, deterministic=deterministic)
-        if packing is None:
-            decoder_inputs = shift_right(targets, self.config.bos_id)
-        else:
-            decoder_inputs = shift_right_per_segment(targets, packing.target.positions, self.config.bos_id)
+        decoder_inputs = _teacher_forced_inputs(targets, packing, self.config.bos_id)
         return self.decode(encoded, inputs, decoder_inputs, packing=packing, deterministic=deterministic)
+
+    def output_states(
+        self,
+        inputs: Array,
+        targets: Array,
+        *,
+        packing: Packing | None = None,
+        deterministic: bool,
+    ) -> tuple[Array, Array]:
+        """`__call__` short of the output projection, for a loss that computes the logits itself.
+
+        The logits `__call__` returns are `states @ matrix^T` with both operands in config.dtype,
+        accumulated in float32 (`TokenEmbedding.attend`); dropout draws the same bits as there.
+
+        Returns:
+            states: [batch, tgt_len, d_model] float32, the decoder's final states.
+            matrix: [vocab, d_model] float32, the output projection (the shared embedding when tied).
+        """
+        encoded = self.encode(inputs, packing=packing, deterministic=deterministic)
+        decoder_inputs = _teacher_forced_inputs(targets, packing, self.config.bos_id)
+        states = self.decoder(encoded, inputs, decoder_inputs, packing=packing, deterministic=deterministic)
+        if self.config.tie_embeddings:
+            return states, self.shared_embedding.embedding
+        return states, self.output_projection.variables['params']['kernel'].T
+
+
+def _teacher_forced_inputs(targets: Array, packing: Packing | None, bos_id: int) -> Array:
+    """The decoder's inputs [batch, tgt_len] for `targets`: shifted right, each sequence starting with bos."""
+    if packing is None:
+        return shift_right(targets, bos_id)
+    return shift_right_per_segment(targets, packing.target.positions, bos_id)

@@ -16,7 +16,7 @@ from input_pipeline.config_checks import check_data
 from models import config_checks as model_checks
 from models import decoding_checks
 from models.build import make_model
-from training import divergence, optimizer
+from training import divergence, optimizer, step_options
 from training.runtime import device_memory, sharding
 
 TASKS = ("translation", "classification")
@@ -41,6 +41,7 @@ def validate_config(config: ml_collections.ConfigDict, num_devices: int | None =
         num_devices: the devices the mesh spans; default: all of them (jax.device_count()).
     """
     _check_run(config)
+    step_options.check_step_options(config)
     check_data(config)
     model_checks.check_model(config)
     optimizer.check_optimizer(config.optimizer, config.model.d_model)

@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 
 from common.special_ids import PAD_ID
+from models.precision import float32_accumulating_einsum
 
 
 def _smoothing_constants(label_smoothing: float, vocab_size: int) -> tuple[float, float, float]:
@@ -98,12 +99,20 @@ def weighted_metrics(
         weights: [...] 1 for what counts, 0 for padding.
         label_smoothing: in [0, 1).
     """
-    weights = weights.astype(jnp.float32)
     nll, loss = _token_losses(logits, targets, label_smoothing)
+    return _weighted_sums(nll, loss, _is_correct(logits, targets), weights)
+
+
+def _is_correct(logits: jax.Array, targets: jax.Array) -> jax.Array:
+    """[...] float32: 1 where the target scores highest (a tie for the top counts), of logits [..., vocab]."""
     # argmax == target, but from two reductions XLA fuses with the loss's instead of an
-    # (index, value) reduction over the vocabulary; a tie for the top also counts.
+    # (index, value) reduction over the vocabulary.
     target_logits = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
-    correct = (target_logits >= jnp.max(logits, axis=-1)).astype(jnp.float32)
+    return (target_logits >= jnp.max(logits, axis=-1)).astype(jnp.float32)
+
+
+def _weighted_sums(nll: jax.Array, loss: jax.Array, correct: jax.Array, weights: jax.Array) -> dict[str, jax.Array]:
+    weights = weights.astype(jnp.float32)
     return {
         "loss": jnp.sum(loss * weights),
         "nll": jnp.sum(nll * weights),
@@ -115,3 +124,86 @@ def weighted_metrics(
 def token_metrics(logits: jax.Array, targets: jax.Array, label_smoothing: float) -> dict[str, jax.Array]:
     """Sums over non-padding tokens: 'loss' (smoothed), 'nll', 'correct', 'tokens'."""
     return weighted_metrics(logits, targets, targets != PAD_ID, label_smoothing)
+
+
+# The scope of the chunked loss's operations: profiles (benchmarks/hlo_buckets.py) put its matmuls with the
+# vocabulary projection and the rest with the loss, as they do the model's `_logits` and `_token_losses`.
+_SCOPE = "chunked_logits"
+
+
+def _chunk_logits(states: jax.Array, matrix: jax.Array, dtype) -> jax.Array:
+    """[batch, positions, vocab] float32 logits of states [batch, positions, d_model], as the model computes them."""
+    return float32_accumulating_einsum("bld,vd->blv", states, matrix, dtype=dtype)
+
+
+def _chunks(length: int, num_chunks: int) -> list[slice]:
+    size = length // num_chunks
+    return [slice(start, start + size) for start in range(0, length, size)]
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5))
+def _chunked_token_losses(states, matrix, targets, label_smoothing, dtype, num_chunks):
+    """(nll, smoothed, correct), [batch, length] each, of logits states @ matrix^T computed a slice at a time."""
+    return _chunked_token_losses_forward(states, matrix, targets, label_smoothing, dtype, num_chunks)[0]
+
+
+def _chunked_token_losses_forward(states, matrix, targets, label_smoothing, dtype, num_chunks):
+    outputs = []
+    for chunk in _chunks(targets.shape[1], num_chunks):
+        with jax.named_scope(_SCOPE):
+            logits = _chunk_logits(states[:, chunk], matrix, dtype)
+            (nll, smoothed), (_, _, log_normalizer) = _token_losses_forward(logits, targets[:, chunk], label_smoothing)
+            outputs.append((nll, smoothed, _is_correct(logits, targets[:, chunk]), log_normalizer))
+    nll, smoothed, correct, log_normalizer = (jnp.concatenate(parts, axis=1) for parts in zip(*outputs))
+    return (nll, smoothed, correct), (states, matrix, targets, log_normalizer)
+
+
+def _chunked_token_losses_backward(label_smoothing, dtype, num_chunks, residuals, cotangents):
+    # Each slice's logits again, their gradient as _token_losses' backward gives it, then the
+    # projection's gradients as models/precision.py takes them: the cotangent cast to `dtype`,
+    # products accumulated in float32, each gradient rounded to `dtype` (the matrix's once, whole).
+    states, matrix, targets, log_normalizer = residuals
+    nll_cotangent, smoothed_cotangent, _ = cotangents
+    matrix_operand = matrix.astype(dtype)
+    states_grads, matrix_grad = [], jnp.zeros(matrix.shape, jnp.float32)
+    for chunk in _chunks(targets.shape[1], num_chunks):
+        with jax.named_scope(_SCOPE):
+            logits = _chunk_logits(states[:, chunk], matrix, dtype)
+            residual = (logits, targets[:, chunk], log_normalizer[:, chunk])
+            logits_grad, _ = _token_losses_backward(
+                label_smoothing, residual, (nll_cotangent[:, chunk], smoothed_cotangent[:, chunk])
+            )
+            logits_grad = logits_grad.astype(dtype)
+            states_grads.append(
+                float32_accumulating_einsum("blv,vd->bld", logits_grad, matrix_operand, dtype=dtype).astype(dtype)
+            )
+            matrix_grad += float32_accumulating_einsum(
+                "bld,blv->vd", states[:, chunk].astype(dtype), logits_grad, dtype=dtype
+            )
+    states_grad = jnp.concatenate(states_grads, axis=1).astype(states.dtype)
+    return states_grad, matrix_grad.astype(dtype).astype(matrix.dtype), None
+
+
+_chunked_token_losses.defvjp(_chunked_token_losses_forward, _chunked_token_losses_backward)
+
+
+def chunked_token_metrics(
+    states: jax.Array, matrix: jax.Array, targets: jax.Array, label_smoothing: float, *, dtype, num_chunks: int
+) -> dict[str, jax.Array]:
+    """`token_metrics` of the logits states @ matrix^T, never holding more than one slice of them.
+
+    The target positions are split into `num_chunks` equal slices; each slice's float32 logits
+    [batch, length / num_chunks, vocab] are computed, reduced to per-token losses and dropped,
+    and computed again in the backward pass for their gradient. Equal to `token_metrics` on the
+    whole logits up to float32 rounding (the matrix's gradient sums the slices' in another order).
+
+    Args:
+        states: [batch, length, d_model] float32, the decoder's final states (`Transformer.output_states`).
+        matrix: [vocab, d_model] float32, the output projection.
+        targets: [batch, length] int32 token ids, pad_id where padding.
+        label_smoothing: in [0, 1).
+        dtype: the model's compute dtype (the projection's operands).
+        num_chunks: slices of the length; must divide it.
+    """
+    nll, loss, correct = _chunked_token_losses(states, matrix, targets, label_smoothing, jnp.dtype(dtype), num_chunks)
+    return _weighted_sums(nll, loss, correct, targets != PAD_ID)

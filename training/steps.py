@@ -22,9 +22,10 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from common.mesh_axes import LogicalRules
 from models import Packing, Transformer
-from training.losses import token_metrics
+from training.losses import chunked_token_metrics, token_metrics
 from training.runtime import sharding
 from training.state import TrainState
+from training.step_options import PRNG_IMPLS, dropout_key
 
 # Translation: 'inputs', 'targets' [batch, length] int32; packed rows add models.packing.BATCH_KEYS.
 Batch = dict[str, jax.Array]
@@ -35,13 +36,16 @@ LossFn = Callable[[Any, Batch, jax.Array], tuple[jax.Array, dict[str, jax.Array]
 
 
 def translation_loss(
-    params: Any, batch: Batch, rng: jax.Array, *, model: Transformer, label_smoothing: float
+    params: Any, batch: Batch, rng: jax.Array, *, model: Transformer, label_smoothing: float, loss_chunks: int = 1
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
     """The `LossFn` of translation: teacher-forced, label-smoothed, summed over target tokens.
 
     A batch of packed rows (`Packing.from_batch`) scores each pair as if it had a row of its own.
+    `loss_chunks` > 1 computes the logits that many slices of positions at a time
+    (`chunked_token_metrics`); 1 all at once.
     """
-    logits = model.apply(
+    apply = functools.partial(
+        model.apply,
         {"params": params},
         batch["inputs"],
         batch["targets"],
@@ -49,7 +53,13 @@ def translation_loss(
         deterministic=False,
         rngs={"dropout": rng},
     )
-    sums = token_metrics(logits, batch["targets"], label_smoothing)
+    if loss_chunks > 1:
+        states, matrix = apply(method=Transformer.output_states)
+        sums = chunked_token_metrics(
+            states, matrix, batch["targets"], label_smoothing, dtype=model.config.dtype, num_chunks=loss_chunks
+        )
+    else:
+        sums = token_metrics(apply(), batch["targets"], label_smoothing)
     return sums["loss"], sums
 
 
@@ -101,6 +111,7 @@ def train_step(
     learning_rate_fn: optax.Schedule,
     grad_accumulation_steps: int = 1,
     axis_name: str | None = None,
+    prng_impl: str = PRNG_IMPLS[0],
 ) -> tuple[TrainState, dict[str, jax.Array]]:
     """One optimizer update on a batch, with teacher forcing.
 
@@ -123,6 +134,7 @@ def train_step(
         grad_accumulation_steps: micro-batches per update; must divide the batch.
         axis_name: the `pmap` axis to sum gradients and metrics over; None under
             `jit` (there the arrays are global and the sums already are).
+        prng_impl: the kind of key dropout draws from (training/step_options.py).
 
     Returns:
         The new state and per-batch metrics: mean 'loss', 'nll' and 'accuracy' over
@@ -132,6 +144,7 @@ def train_step(
     """
     if axis_name is not None:
         rng = jax.random.fold_in(rng, lax.axis_index(axis_name))  # Different dropout on each device.
+    rng = dropout_key(rng, prng_impl)
     grads, sums = _accumulated_loss_grads(
         state.params,
         batch,
@@ -228,6 +241,7 @@ def compile_train_step(
     tx: optax.GradientTransformation,
     learning_rate_fn: optax.Schedule,
     grad_accumulation_steps: int = 1,
+    prng_impl: str = PRNG_IMPLS[0],
 ) -> CompiledTrainStep:
     """`train_step` compiled as `compilation` says, its static arguments bound, the old state donated.
 
@@ -245,6 +259,7 @@ def compile_train_step(
         tx=tx,
         learning_rate_fn=learning_rate_fn,
         grad_accumulation_steps=grad_accumulation_steps,
+        prng_impl=prng_impl,
     )
     if compilation == "pmap":
         # Metrics are equal on every device after the sums over devices: returned once.

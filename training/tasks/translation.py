@@ -20,6 +20,7 @@ from input_pipeline import batching, streaming
 from input_pipeline.corpus import Corpus, load_corpus
 from input_pipeline.datasets import TextPairs
 from models.build import make_model
+from training import step_options
 from training.reporting.attention_maps import write_attention_summary
 from training.reporting.metrics_writer import MetricWriter
 from training.runtime import sharding
@@ -101,7 +102,12 @@ class TranslationTask:
         return make_model(config, data.tokenizer.vocab_size())
 
     def loss_fn(self, config, model) -> LossFn:
-        return functools.partial(translation_loss, model=model, label_smoothing=config.optimizer.label_smoothing)
+        return functools.partial(
+            translation_loss,
+            model=model,
+            label_smoothing=config.optimizer.label_smoothing,
+            loss_chunks=step_options.option(config, "loss_chunks"),
+        )
 
     def evaluator(self, config, model, data: Corpus, mesh) -> "TranslationEvaluator":
         return TranslationEvaluator(config, model, data, eval_setup(config, model, data.tokenizer, mesh))
