@@ -42,6 +42,12 @@ def get_config() -> ml_collections.ConfigDict:
     # tensor parallelism), or 'pmap' (data parallel only: the state replicated on
     # every device, gradients summed with lax.psum; needs mesh.fsdp = mesh.tensor = 1).
     config.step_compilation = "jit"
+    # Options of the step's speed, not of what it trains (training/step_options.py): the PRNG
+    # of dropout's bits ('threefry2x32', 'rbg' or 'unsafe_rbg': cheaper bits on GPUs and TPUs),
+    # and the vocabulary loss computed this many slices of target positions at a time (1: all
+    # logits at once).
+    config.prng_impl = "threefry2x32"
+    config.loss_chunks = 1
     # A step whose loss, gradients or new parameters are not finite (NaN, inf) is
     # never applied. 'stop': end training there (exit status 3), naming the last
     # checkpoint, which holds finite values. 'skip': skip that update and go on,
