@@ -61,10 +61,10 @@ def _sweep() -> None:
         print(f"{len(outcome.finished)} runs trained, {len(outcome.skipped)} finished before, {len(failed)} failed.")
     # Every seed run so far, also beyond --seeds (a sweep run earlier with more).
     seeds = max(_SEEDS.value, runner.seeds_present(_ROOT.value, loaded.names()))
-    summaries, unfinished = report.collect(loaded, _ROOT.value, runner.plan_runs(_ROOT.value, loaded.names(), seeds))
-    plots.draw(_ROOT.value, summaries)
-    finished = sum(len(s.results) for s in summaries)
-    print(f"Results of {finished} runs ({len(unfinished)} not finished) in {_ROOT.value}/results.md")
+    collected = report.collect(loaded, _ROOT.value, runner.plan_runs(_ROOT.value, loaded.names(), seeds))
+    plots.draw(_ROOT.value, collected.summaries)
+    finished = sum(len(s.results) for s in collected.summaries)
+    print(f"Results of {finished} runs ({len(collected.unfinished)} not finished) in {_ROOT.value}/results.md")
     if failed:
         for run, why in failed:
             print(f"FAILED {run.label}: {why}", file=sys.stderr)
