@@ -703,6 +703,42 @@ def test_test_translations_are_read_line_by_line_and_refused_when_cut(tmp_path):
     assert significance.read_translations(str(tmp_path / "missing")) is None
 
 
+def test_the_sweep_writes_its_table_as_a_record(synthetic_sweep, tmp_path):
+    root, path = synthetic_sweep["root"], str(tmp_path / "records" / "table3_test")
+    table3_file = os.path.join(REPO_ROOT, "configs", "sweeps", "table3.py")
+    result = _run_sweep(table3_file, root, "--collect", f"--record={path}")
+    assert result.returncode == 0, result.stderr[-3000:]
+    with open(path + ".json", encoding="utf-8") as f:
+        record = json.load(f)
+    assert record["command"] == shlex.join(
+        ["python", "sweep.py", *_sweep_args(table3_file, root)[2:], "--collect", f"--record={path}"]
+    )
+    assert record["measurement"] == "sweep configs/sweeps/table3.py"
+    assert record["commit"] and record["machine"]["cores"] and record["software"]["sacrebleu"]
+    unfinished = [f"{v.name}/seed_{k}" for k in (0, 1) for v in table3.VARIANTS if v.name not in ("base", "heads_1")]
+    finished_too = ("key_16/seed_0", "key_16/seed_1", "layers_1/seed_0", "layers_1/seed_1")
+    assert record["runs"]["trained"] == 0 and record["runs"]["finished_before"] is None  # --collect alone.
+    assert sorted(record["runs"]["unfinished"]) == sorted(set(unfinished) - set(finished_too))
+    heads_1 = record["figures"]["variants"]["heads_1"]
+    references = synthetic_sweep["references"]
+    p_value = _sacrebleu_p_value(synthetic_sweep["translations"]["base"], references, references)
+    assert heads_1["test_bleu_p_values"] == {"0": p_value, "1": p_value} and heads_1["test_bleu_significant_seeds"] == 2
+    assert heads_1["runs_finished"] == 2 and heads_1["test_bleu"] == {"mean": 20.0, "std": 0.0, "n": 2}
+    # The page is results.md's, under the record's header.
+    with open(path + ".md", encoding="utf-8") as f:
+        page = f.read()
+    with open(os.path.join(root, "results.md"), encoding="utf-8") as f:
+        results_md = f.read()
+    assert results_md.split("\n", 2)[2] in page and "- command: `python sweep.py " in page
+
+
+def test_a_dry_run_has_nothing_to_record(tmp_path):
+    result = _run_sweep(
+        os.path.join(REPO_ROOT, "configs", "sweeps", "table3.py"), str(tmp_path), "--dry_run", "--record=x"
+    )
+    assert result.returncode == 1 and "--dry_run runs and collects nothing" in result.stderr
+
+
 def test_the_run_in_progress_is_stopped_when_the_sweep_is_killed(tmp_path):
     """A sweep killed outright (SIGKILL) must not leave its train.py training, its workdir locked."""
     stopped = tmp_path / "stopped"
