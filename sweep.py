@@ -4,20 +4,24 @@ r"""Runs a sweep (every variant of a sweep file x seeds, one train.py process ea
   python sweep.py --sweep=configs/sweeps/table3.py --root=runs/table3 --only=base,heads_1 --seeds=1
   python sweep.py --sweep=configs/sweeps/table3.py --root=runs/table3 --dry_run > jobs.txt  # one command a line
   python sweep.py --sweep=configs/sweeps/table3.py --root=runs/table3 --collect
+  python sweep.py --sweep=configs/sweeps/table3.py --root=runs/table3 --record=docs/results/table3_cpu-avx512-bf16
 
 Run (variant, seed) trains in <root>/<variant>/seed_<seed> (log: train.log there).
 Finished runs are skipped and an interrupted one resumes from its checkpoint, so
 the same command continues a sweep stopped at any point (Ctrl-C or SIGTERM: the run
 in progress saves its step first). Results: <root>/results.md, results.csv,
-results_runs.csv, results_bleu.png, valid_curves.png. Exit status 1 if a run failed
-(each failure is named, with its log), 130/143 if stopped by a signal.
+results_runs.csv, results_bleu.png, valid_curves.png; with --record, results.md's table
+also as a record (benchmarks/records.py: command, machine, software, date, commit). Exit
+status 1 if a run failed (each failure is named, with its log), 130/143 if stopped by a signal.
 """
 
+import os
 import sys
 
 from absl import app, flags
 
 from common import io_errors
+from common.errors import UserInputError
 from sweeps import plots, report, runner
 
 _SWEEP = flags.DEFINE_string("sweep", None, "Sweep file (configs/sweeps/*.py): a base config and named variants.")
@@ -26,12 +30,17 @@ _SEEDS = flags.DEFINE_integer("seeds", 3, "Seeds per variant: 0, 1, ..., N-1.", 
 _ONLY = flags.DEFINE_list("only", None, "Run only these variants (comma-separated names); collecting covers all.")
 _DRY_RUN = flags.DEFINE_bool("dry_run", False, "Print the train.py command of each unfinished run; run nothing.")
 _COLLECT = flags.DEFINE_bool("collect", False, "Only collect the results of the runs finished so far.")
+_RECORD = flags.DEFINE_string(
+    "record", None, "Also write the results as a record: this path (no suffix) .json and .md, e.g. docs/results/NAME."
+)
 flags.mark_flags_as_required(["sweep", "root"])
 
 
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+    if _DRY_RUN.value and _RECORD.value:
+        raise app.UsageError("--dry_run runs and collects nothing: there is no result to --record.")
     try:
         _sweep()
     except runner.SweepStopped as e:
@@ -54,21 +63,49 @@ def _sweep() -> None:
         for run, why in left_out:
             print(f"left out {run.label}: {why}", file=sys.stderr)
         return
-    failed = []
+    source = _records().source() if _RECORD.value else None  # The commit as the sweep starts.
+    failed, runs = [], {"trained": 0, "finished_before": None}  # --collect: none trained, the rest unknown.
     if not _COLLECT.value:
         outcome = runner.run_all(loaded, runner.plan_runs(_ROOT.value, selected, _SEEDS.value))
         failed = outcome.failed
         print(f"{len(outcome.finished)} runs trained, {len(outcome.skipped)} finished before, {len(failed)} failed.")
+        runs = {"trained": len(outcome.finished), "finished_before": len(outcome.skipped)}
     # Every seed run so far, also beyond --seeds (a sweep run earlier with more).
     seeds = max(_SEEDS.value, runner.seeds_present(_ROOT.value, loaded.names()))
-    summaries, unfinished = report.collect(loaded, _ROOT.value, runner.plan_runs(_ROOT.value, loaded.names(), seeds))
-    plots.draw(_ROOT.value, summaries)
-    finished = sum(len(s.results) for s in summaries)
-    print(f"Results of {finished} runs ({len(unfinished)} not finished) in {_ROOT.value}/results.md")
+    collected = report.collect(loaded, _ROOT.value, runner.plan_runs(_ROOT.value, loaded.names(), seeds))
+    plots.draw(_ROOT.value, collected.summaries)
+    finished = sum(len(s.results) for s in collected.summaries)
+    print(f"Results of {finished} runs ({len(collected.unfinished)} not finished) in {_ROOT.value}/results.md")
+    if _RECORD.value:
+        print(f"Record: {_write_record(_RECORD.value, loaded, collected, source, runs)}")
     if failed:
         for run, why in failed:
             print(f"FAILED {run.label}: {why}", file=sys.stderr)
         sys.exit(1)
+
+
+def _records():
+    """benchmarks/records.py: a checkout's, not installed with the package, so only --record imports it."""
+    try:
+        from benchmarks import records  # pylint: disable=import-outside-toplevel
+    except ModuleNotFoundError:
+        raise UserInputError(
+            "--record writes a record of a checkout (benchmarks/records.py): run its sweep.py."
+        ) from None
+    return records
+
+
+def _write_record(path: str, sweep: runner.Sweep, collected: report.Collected, source: dict, runs: dict) -> str:
+    """The results as a record at `path` (.json and .md), with `source`, the commit the sweep started from."""
+    records = _records()
+    record = records.new(
+        f"sweep {os.path.relpath(sweep.path, runner.REPOSITORY)}",
+        figures=report.record_figures(collected.summaries),
+        packages=(*records.DEFAULT_PACKAGES, "sacrebleu"),
+        **source,
+        runs={**runs, "unfinished": [run.label for run in collected.unfinished]},
+    )
+    return records.write(record, path, table=collected.page)
 
 
 if __name__ == "__main__":

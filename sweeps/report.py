@@ -1,15 +1,16 @@
 """A sweep's results: per variant, mean ± standard deviation over seeds, differences to the base.
 
 `collect` reads every finished run of a sweep (sweeps/runner.py) and writes under the root:
-results.md (the table, with the paper's numbers beside each row), results.csv (the
-same per variant, machine-readable), results_runs.csv (one line per run),
-results_bleu.png (test BLEU per variant with error bars) and valid_curves.png
-(validation perplexity against step, the mean over seeds, one line per variant).
+results.md (the table, with each variant's paired bootstrap significance against the base,
+sweeps/significance.py, and the paper's numbers beside each row), results.csv (the same per
+variant, machine-readable), results_runs.csv (one line per run), results_bleu.png (test BLEU
+per variant with error bars) and valid_curves.png (validation perplexity against step, the
+mean over seeds, one line per variant). `record_figures` and `page` give the same for a record.
 
 Where the numbers come from: test BLEU, chrF and the step from the final evaluation's
-scores.json; the validation perplexity at each step, the parameter count and the
-training seconds of each logging interval from <workdir>/metrics/*.jsonl
-(training/reporting/metric_log.py).
+scores.json, the significance from its hypotheses.txt and references.txt; the validation
+perplexity at each step, the parameter count and the training seconds of each logging
+interval from <workdir>/metrics/*.jsonl (training/reporting/metric_log.py).
 """
 
 import csv
@@ -21,8 +22,10 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from common.errors import UserInputError
+from common.workdir import Workdir
 from configs.sweeps import Variant
 from sweeps.runner import Run, Sweep, config_changes, final_scores
+from sweeps.significance import LEVEL, Significance, Translations, against_base, read_translations
 from training.reporting import metric_log
 
 
@@ -40,6 +43,7 @@ class RunResult:
     test_chrf: float | None
     signature: str
     decoding: str
+    test_translations: Translations | None = None  # None: the evaluation's outputs are missing.
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,6 +104,7 @@ def read_run(run: Run, config) -> RunResult | None:
         test_chrf=scores["chrf"],
         signature=scores["signature"],
         decoding=scores["decoding"],
+        test_translations=read_translations(Workdir(run.workdir).evaluation(config.eval.split)),
     )
 
 
@@ -122,6 +127,7 @@ class VariantSummary:
     planned: int
     estimates: dict[str, Estimate | None]
     differences: dict[str, Estimate | None]
+    significance: Significance | None = None  # Test BLEU against the base, seed by seed.
 
     @property
     def num_params(self) -> int | None:
@@ -133,11 +139,16 @@ class VariantSummary:
 
 
 def summarize(variants: Sequence[Variant], results: Sequence[RunResult], planned: Mapping[str, int]):
-    """One `VariantSummary` per variant, in order; differences are to the first variant (the base)."""
+    """One `VariantSummary` per variant, in order; differences and significance are to the first variant (the base)."""
 
     def by_seed(name: str, field: str) -> dict[int, float | None]:
         return {r.run.seed: getattr(r, field) for r in results if r.run.variant == name}
 
+    translations = {
+        variant.name: {seed: found for seed, found in by_seed(variant.name, "test_translations").items() if found}
+        for variant in variants
+    }
+    tests = against_base(translations, variants[0].name)
     summaries = []
     for variant in variants:
         mine = [r for r in results if r.run.variant == variant.name]
@@ -151,7 +162,9 @@ def summarize(variants: Sequence[Variant], results: Sequence[RunResult], planned
             else None
             for column in _COMPARED
         }
-        summaries.append(VariantSummary(variant, mine, planned[variant.name], estimates, differences))
+        summaries.append(
+            VariantSummary(variant, mine, planned[variant.name], estimates, differences, tests.get(variant.name))
+        )
     return summaries
 
 
@@ -159,8 +172,55 @@ def _scaled(value: float | None, scale: float) -> float | None:
     return None if value is None else value * scale
 
 
-def collect(sweep: Sweep, root: str, runs: Sequence[Run]) -> tuple[list[VariantSummary], list[Run]]:
-    """Reads `runs` of `sweep`, writes the results under `root`; returns the summaries and the unfinished runs.
+def record_figures(summaries: Sequence[VariantSummary]) -> dict:
+    """The table as a record's figures: per variant its runs, estimates, differences to the base and p-values."""
+    results = [r for s in summaries for r in s.results]
+    return {
+        "significance_level": LEVEL,
+        "significance_test": sorted({s.significance.signature for s in summaries if s.significance}),
+        "bleu_signature": sorted({r.signature for r in results if r.signature}),
+        "decoding": sorted({r.decoding for r in results if r.decoding}),
+        "variants": {s.variant.name: _variant_figures(s) for s in summaries},
+    }
+
+
+def _variant_figures(s: VariantSummary) -> dict:
+    tested = s.significance
+    return {
+        "group": s.variant.group,
+        "description": s.variant.description,
+        "runs_finished": len(s.results),
+        "runs_planned": s.planned,
+        "params": s.num_params,
+        "steps": s.steps,
+        **{column: _estimate_figures(s.estimates[column]) for column in _METRICS},
+        **{f"{column}_diff": _estimate_figures(s.differences[column]) for column in _COMPARED},
+        "test_bleu_p_values": None if tested is None else {str(seed): p for seed, p in tested.p_values.items()},
+        "test_bleu_significant_seeds": None if tested is None else tested.significant,
+        "paper": None if s.variant.paper is None else dataclasses.asdict(s.variant.paper),
+    }
+
+
+def _estimate_figures(value: Estimate | None) -> dict | None:
+    """{'mean', 'std', 'n'}, with None for what is not finite (JSON has no NaN)."""
+    if value is None:
+        return None
+    finite = {name: getattr(value, name) for name in ("mean", "std")}
+    finite = {name: x if x is not None and math.isfinite(x) else None for name, x in finite.items()}
+    return {**finite, "n": value.n}
+
+
+@dataclasses.dataclass(frozen=True)
+class Collected:
+    """What `collect` found: each variant's row, the runs not finished, and results.md's text without its title."""
+
+    summaries: list[VariantSummary]
+    unfinished: list[Run]
+    page: list[str]
+
+
+def collect(sweep: Sweep, root: str, runs: Sequence[Run]) -> Collected:
+    """Reads `runs` of `sweep` and writes the results under `root`.
 
     `runs` are every planned (variant, seed): those not finished are left out of the numbers and listed.
     """
@@ -179,11 +239,13 @@ def collect(sweep: Sweep, root: str, runs: Sequence[Run]) -> tuple[list[VariantS
                 changed[run] = changes
     planned = {variant.name: sum(run.variant == variant.name for run in runs) for variant in sweep.variants}
     summaries = summarize(sweep.variants, results, planned)
+    lines = page(summaries, unfinished, changed)
     os.makedirs(root, exist_ok=True)
-    _write_markdown(os.path.join(root, "results.md"), sweep, summaries, results, unfinished, changed)
+    with open(os.path.join(root, "results.md"), "w", encoding="utf-8") as f:
+        f.write("\n".join([f"# Sweep results: {os.path.basename(sweep.path)}", "", *lines]) + "\n")
     _write_csv(os.path.join(root, "results.csv"), summaries)
     _write_runs_csv(os.path.join(root, "results_runs.csv"), results)
-    return summaries, unfinished
+    return Collected(summaries, unfinished, lines)
 
 
 def _params(count: int | None) -> str:
@@ -194,33 +256,32 @@ def _number(value: float | None, digits: int) -> str:
     return "–" if value is None else f"{value:.{digits}f}"
 
 
-def _write_markdown(
-    path: str,
-    sweep: Sweep,
-    summaries: Sequence[VariantSummary],
-    results: Sequence[RunResult],
-    unfinished: Sequence[Run],
-    changed: Mapping[Run, Sequence[str]],
-) -> None:
+def page(
+    summaries: Sequence[VariantSummary], unfinished: Sequence[Run], changed: Mapping[Run, Sequence[str]]
+) -> list[str]:
+    """results.md's lines after its title: what the cells mean, the table, the runs left out and their changes."""
+    results = [r for s in summaries for r in s.results]
     seeds = max(s.planned for s in summaries)
     signatures = sorted({r.signature for r in results if r.signature})
     decodings = sorted({r.decoding for r in results if r.decoding})
+    tests = sorted({s.significance.signature for s in summaries if s.significance})
     lines = [
-        f"# Sweep results: {os.path.basename(sweep.path)}",
-        "",
         f"{len(results)} of {len(results) + len(unfinished)} runs finished ({seeds} seed{'s' * (seeds != 1)} planned "
         "per variant). "
         "Each cell is the mean ± sample standard deviation over the finished seeds ((n=k): only k finished). "
         "Δ: the difference to the base run of the same seed (same data order and tokenizer), mean ± standard "
-        "deviation over the seeds both finished. Validation perplexity per subword at the last step; test BLEU "
+        "deviation over the seeds both finished. BLEU p: sacreBLEU's paired bootstrap resampling of the test "
+        "sentences, each seed's run against the base run of the same seed "
+        f"({'; '.join(tests) or 'no test yet'}); k/n: k of the n seeds compared differ at p < "
+        f"{LEVEL}, then each seed's p-value. Validation perplexity per subword at the last step; test BLEU "
         f"and chrF detokenized sacreBLEU ({'; '.join(signatures) or 'no scores yet'}), decoding: "
         f"{', '.join(decodings) or '–'}. Train min: the training steps, evaluation excluded. Paper: Vaswani et "
         "al. (2017), Table 3 (newstest2013, perplexity per wordpiece, BLEU, parameters): another corpus and "
         "scale, so compare the direction and size of the differences, not the numbers.",
         "",
         "| variant | row | what | n | params | steps | train min | valid PPL | Δ PPL | test BLEU | Δ BLEU "
-        "| chrF | Δ chrF | paper row | paper PPL | paper BLEU | paper params |",
-        "|" + "---|" * 17,
+        "| BLEU p | chrF | Δ chrF | paper row | paper PPL | paper BLEU | paper params |",
+        "|" + "---|" * 18,
     ]
     for s in summaries:
         e, d, paper = s.estimates, s.differences, s.variant.paper
@@ -236,6 +297,7 @@ def _write_markdown(
             format_estimate(d["valid_perplexity"], 2, s.planned, signed=True),
             format_estimate(e["test_bleu"], 2, s.planned),
             format_estimate(d["test_bleu"], 2, s.planned, signed=True),
+            s.significance.describe() if s.significance else "–",
             format_estimate(e["test_chrf"], 1, s.planned),
             format_estimate(d["test_chrf"], 1, s.planned, signed=True),
             paper.row if paper else "–",
@@ -251,8 +313,7 @@ def _write_markdown(
             + (f" (trained with another config: {'; '.join(changed[run])})" if run in changed else "")
             for run in unfinished
         ]
-    with open(path, "w", encoding="utf-8") as f:
-        f.write("\n".join(lines) + "\n")
+    return lines
 
 
 def _write_csv(path: str, summaries: Sequence[VariantSummary]) -> None:
@@ -261,6 +322,8 @@ def _write_csv(path: str, summaries: Sequence[VariantSummary]) -> None:
         header += [f"{column}_mean", f"{column}_std"]
         if column in _COMPARED:
             header += [f"{column}_diff", f"{column}_diff_std"]
+    # 'seed:p' for each seed compared, space-separated; how many of them are below LEVEL.
+    header += ["test_bleu_p_values", "test_bleu_significant_seeds"]
     header += ["paper_row", "paper_perplexity", "paper_bleu", "paper_params_millions"]
     with open(path, "w", encoding="utf-8", newline="") as f:
         writer = csv.writer(f)
@@ -272,6 +335,7 @@ def _write_csv(path: str, summaries: Sequence[VariantSummary]) -> None:
                 row += _mean_std(s.estimates[column])
                 if column in _COMPARED:
                     row += _mean_std(s.differences[column])
+            row += _significance_cells(s.significance)
             paper = s.variant.paper
             row += (
                 [paper.row, _blank(paper.perplexity), _blank(paper.bleu), _blank(paper.params_millions)]
@@ -291,6 +355,12 @@ def _write_runs_csv(path: str, results: Sequence[RunResult]) -> None:
                 [r.run.variant, r.run.seed, _blank(r.num_params), r.steps]
                 + [_blank(r.train_seconds), _blank(r.valid_perplexity), _blank(r.test_bleu), _blank(r.test_chrf)]
             )
+
+
+def _significance_cells(tested: Significance | None) -> list[str]:
+    if tested is None:
+        return ["", ""]
+    return [" ".join(f"{seed}:{p!r}" for seed, p in sorted(tested.p_values.items())), str(tested.significant)]
 
 
 def _blank(value) -> str:

@@ -7,6 +7,7 @@ is run twice more.
 """
 
 import csv
+import gzip
 import json
 import math
 import os
@@ -19,13 +20,16 @@ import time
 
 import numpy as np
 import pytest
-from conftest import REPO_ROOT, entry_point_env
+from conftest import BUNDLED_CORPUS, REPO_ROOT, entry_point_env
+from sacrebleu.metrics import BLEU
+from sacrebleu.significance import PairedTest
 
 from common.decoding_names import describe_decoding
 from common.errors import UserInputError
 from common.workdir import Workdir
 from configs.sweeps import Paper, Variant, config_for, table3
-from sweeps import plots, report, runner
+from sweeps import plots, report, runner, significance
+from sweeps.significance import Translations
 from training.config_checks import validate_config
 from training.reporting import metric_log
 
@@ -486,7 +490,7 @@ def test_the_dry_run_leaves_out_finished_runs_and_names_those_whose_config_canno
     _write_scores(runs[0].workdir, loaded.get_config("base"))
     assert [shlex.split(line)[3] for line in runner.pending_commands(loaded, runs)[0]] == ["--config.seed=1"]
     # Collecting lists the runs that cannot have run as unfinished (base/seed_0 lacks its metric logs: no numbers).
-    _, unfinished = report.collect(loaded, str(tmp_path / "runs"), runs)
+    unfinished = report.collect(loaded, str(tmp_path / "runs"), runs).unfinished
     assert [run.label for run in unfinished] == ["typo/seed_0", "base/seed_1", "typo/seed_1"]
     assert "- typo/seed_1:" in (tmp_path / "runs" / "results.md").read_text(encoding="utf-8")
 
@@ -598,6 +602,141 @@ def test_summaries_estimate_each_variant_and_pair_its_seeds_with_the_base():
     assert (more.estimates["test_bleu"].n, more.differences["test_bleu"].mean) == (1, 1.0)  # 13 - 12, seed 1.
     assert more.differences["valid_perplexity"].mean == -2.0
     assert none.estimates["test_bleu"] is None and none.differences["test_bleu"] is None and none.steps is None
+
+
+def _test_sentences(count: int) -> list[str]:
+    with gzip.open(os.path.join(BUNDLED_CORPUS, "test.de.gz"), "rt", encoding="utf-8") as f:
+        return [next(f).rstrip("\n") for _ in range(count)]
+
+
+def _write_finished_run(workdir: str, config, hypotheses: list[str], references: list[str]) -> None:
+    """A run of `config` evaluated after its last step, its test translations written as evaluation writes them."""
+    _write_scores(workdir, config)
+    for name, lines in (("hypotheses.txt", hypotheses), ("references.txt", references)):
+        with open(os.path.join(workdir, "eval", "test", name), "w", encoding="utf-8") as f:
+            f.writelines(line + "\n" for line in lines)
+
+
+def _sacrebleu_p_value(base: list[str], system: list[str], references: list[str]) -> float:
+    """sacreBLEU's own paired bootstrap test (1,000 resamples, its default seed) of `system` against `base`."""
+    _, scores = PairedTest([("base", base), ("system", system)], {"BLEU": BLEU()}, [references], test_type="bs")()
+    return scores["BLEU"][1].p_value
+
+
+@pytest.fixture
+def synthetic_sweep(tmp_path):
+    """Two seeds of four Table 3 variants, finished, with made-up translations of 60 test sentences.
+
+    The base translates every sentence as the next one's reference (few n-grams right); heads_1
+    gives the references themselves; key_16 gives the base's own translations; layers_1 the
+    base's, but the first six sentences right.
+    """
+    references = _test_sentences(60)
+    base = references[1:] + references[:1]
+    translations = {"base": base, "heads_1": references, "key_16": base, "layers_1": references[:6] + base[6:]}
+    root = str(tmp_path / "runs")
+    runs = runner.plan_runs(root, list(translations), 2)
+    for run in runs:
+        _write_finished_run(run.workdir, table3.get_config(run.variant), translations[run.variant], references)
+    loaded = runner.load_sweep(os.path.join(REPO_ROOT, "configs", "sweeps", "table3.py"))
+    return {"root": root, "sweep": loaded, "runs": runs, "translations": translations, "references": references}
+
+
+def test_bleu_significance_is_sacrebleus_paired_bootstrap_of_each_seed_against_the_base(synthetic_sweep):
+    translations, references = synthetic_sweep["translations"], synthetic_sweep["references"]
+    collected = report.collect(synthetic_sweep["sweep"], synthetic_sweep["root"], synthetic_sweep["runs"])
+    rows = {s.variant.name: s for s in collected.summaries}
+    base = translations["base"]
+    assert rows["base"].significance is None
+    # Far better than the base: every seed significant, with the p-value sacreBLEU's own test gives: its least,
+    # 1/1,001, as no resample's difference exceeds the real one (~100 BLEU) by more than the resamples' mean.
+    perfect = _sacrebleu_p_value(base, references, references)
+    assert perfect == pytest.approx(1 / 1001)
+    assert rows["heads_1"].significance.p_values == {0: perfect, 1: perfect}
+    assert rows["heads_1"].significance.significant == 2
+    # The base's own translations: p = 1, no seed significant (sacreBLEU alone says 1/1,001: no resample exceeds 0).
+    assert rows["key_16"].significance.p_values == {0: 1.0, 1: 1.0}
+    assert rows["key_16"].significance.significant == 0
+    assert _sacrebleu_p_value(base, list(base), references) == pytest.approx(1 / 1001)
+    # Six sentences of 60 right: sacreBLEU's p-value, whatever it is, on each seed.
+    closer = _sacrebleu_p_value(base, translations["layers_1"], references)
+    assert rows["layers_1"].significance.p_values == {0: closer, 1: closer}
+    assert rows["smoothing_0"].significance is None  # No run.
+    signature = rows["heads_1"].significance.signature
+    assert "bs:1000" in signature and "seed:12345" in signature and "tok:13a" in signature
+    # The table and the CSV show them.
+    with open(os.path.join(synthetic_sweep["root"], "results.md"), encoding="utf-8") as f:
+        markdown = f.read()
+    assert f"| 2/2 ({perfect:.3f}, {perfect:.3f}) |" in markdown and "| 0/2 (1.000, 1.000) |" in markdown
+    assert signature in markdown
+    with open(os.path.join(synthetic_sweep["root"], "results.csv"), encoding="utf-8") as f:
+        csv_rows = {row["variant"]: row for row in csv.DictReader(f)}
+    assert csv_rows["heads_1"]["test_bleu_p_values"] == f"0:{perfect!r} 1:{perfect!r}"
+    assert csv_rows["heads_1"]["test_bleu_significant_seeds"] == "2"
+    assert csv_rows["base"]["test_bleu_p_values"] == ""
+
+
+def test_each_seed_is_compared_with_the_base_run_of_the_same_seed_on_the_same_references():
+    references = tuple(_test_sentences(30))
+    wrong = tuple(references[1:] + references[:1])
+    translations = {
+        "base": {0: Translations(wrong, references), 1: Translations(references, references)},
+        # Seed 0 gives the base's seed-1 translations: compared with seed 0's, it differs; seed 1 is the base's own.
+        "same": {0: Translations(references, references), 1: Translations(references, references)},
+        "other_test_set": {0: Translations(wrong, wrong)},  # Other references: no paired test.
+        "no_base_seed": {2: Translations(references, references)},
+    }
+    found = significance.against_base(translations, "base")
+    assert set(found) == {"same"}
+    assert found["same"].p_values == {0: _sacrebleu_p_value(list(wrong), list(references), list(references)), 1: 1.0}
+    assert found["same"].describe() == f"1/2 ({found['same'].p_values[0]:.3f}, 1.000)"
+
+
+def test_test_translations_are_read_line_by_line_and_refused_when_cut(tmp_path):
+    (tmp_path / "hypotheses.txt").write_text("ein Satz\r mit CR\n\nzwei\n", encoding="utf-8")
+    (tmp_path / "references.txt").write_text("a\nb\nc\n", encoding="utf-8")
+    assert significance.read_translations(str(tmp_path)) == Translations(
+        ("ein Satz\r mit CR", "", "zwei"), ("a", "b", "c")
+    )
+    (tmp_path / "references.txt").write_text("a\nb\n", encoding="utf-8")  # A line short.
+    assert significance.read_translations(str(tmp_path)) is None
+    assert significance.read_translations(str(tmp_path / "missing")) is None
+
+
+def test_the_sweep_writes_its_table_as_a_record(synthetic_sweep, tmp_path):
+    root, path = synthetic_sweep["root"], str(tmp_path / "records" / "table3_test")
+    table3_file = os.path.join(REPO_ROOT, "configs", "sweeps", "table3.py")
+    result = _run_sweep(table3_file, root, "--collect", f"--record={path}")
+    assert result.returncode == 0, result.stderr[-3000:]
+    with open(path + ".json", encoding="utf-8") as f:
+        record = json.load(f)
+    assert record["command"] == shlex.join(
+        ["python", "sweep.py", *_sweep_args(table3_file, root)[2:], "--collect", f"--record={path}"]
+    )
+    assert record["measurement"] == "sweep configs/sweeps/table3.py"
+    assert record["commit"] and record["machine"]["cores"] and record["software"]["sacrebleu"]
+    unfinished = [f"{v.name}/seed_{k}" for k in (0, 1) for v in table3.VARIANTS if v.name not in ("base", "heads_1")]
+    finished_too = ("key_16/seed_0", "key_16/seed_1", "layers_1/seed_0", "layers_1/seed_1")
+    assert record["runs"]["trained"] == 0 and record["runs"]["finished_before"] is None  # --collect alone.
+    assert sorted(record["runs"]["unfinished"]) == sorted(set(unfinished) - set(finished_too))
+    heads_1 = record["figures"]["variants"]["heads_1"]
+    references = synthetic_sweep["references"]
+    p_value = _sacrebleu_p_value(synthetic_sweep["translations"]["base"], references, references)
+    assert heads_1["test_bleu_p_values"] == {"0": p_value, "1": p_value} and heads_1["test_bleu_significant_seeds"] == 2
+    assert heads_1["runs_finished"] == 2 and heads_1["test_bleu"] == {"mean": 20.0, "std": 0.0, "n": 2}
+    # The page is results.md's, under the record's header.
+    with open(path + ".md", encoding="utf-8") as f:
+        page = f.read()
+    with open(os.path.join(root, "results.md"), encoding="utf-8") as f:
+        results_md = f.read()
+    assert results_md.split("\n", 2)[2] in page and "- command: `python sweep.py " in page
+
+
+def test_a_dry_run_has_nothing_to_record(tmp_path):
+    result = _run_sweep(
+        os.path.join(REPO_ROOT, "configs", "sweeps", "table3.py"), str(tmp_path), "--dry_run", "--record=x"
+    )
+    assert result.returncode == 1 and "--dry_run runs and collects nothing" in result.stderr
 
 
 def test_the_run_in_progress_is_stopped_when_the_sweep_is_killed(tmp_path):

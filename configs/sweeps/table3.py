@@ -11,8 +11,8 @@ validated every 100 steps (loss and perplexity on the whole validation split; no
 and evaluated on the test split with greedy decoding. Pre-LN rather than the paper's
 post-LN: at this length post-LN trains slower (probe runs at 500 steps were several BLEU
 behind), so pre-LN leaves more room for the variants' differences to show; row (F) trains the
-paper's post-LN. A base run takes minutes on two CPU cores; the sweep's results are in
-docs/ablations.md.
+paper's post-LN. A base run takes minutes on two CPU cores; docs/ablations.md gives the
+command that writes the sweep's table as a record.
 
 Each variant changes what the paper's row changes, scaled to this base: the paper's
 base has 6 layers, d_model 512 and 8 heads; here 3 layers, d_model 256 and 4 heads,
@@ -40,9 +40,9 @@ def base_config() -> ml_collections.ConfigDict:
     config.model.dropout_rate = 0.1
     config.num_train_steps = 600
     config.per_device_batch_size = 32  # 32 rows x 64 = 2,048 target positions a batch, ~97% real.
-    # First fit, as docs/ablations.md's runs were trained: a sweep under way keeps one packing.
+    # First fit, as the sweep's first runs were trained: a sweep under way keeps one packing.
     config.dataset.packing_lookahead = 0
-    # bfloat16 as docs/ablations.md's runs (not the quick-start's 'auto'): on a CPU without bf16
+    # bfloat16 as the sweep's first runs (not the quick-start's 'auto'): on a CPU without bf16
     # matmul instructions 'auto' trains float32, which is faster there; use it for a new sweep's root.
     config.model.dtype = "bfloat16"
     config.optimizer.peak_learning_rate = 1e-3

@@ -1,0 +1,121 @@
+"""Whether a variant's test BLEU differs from the base's beyond chance: sacreBLEU's paired bootstrap, seed by seed.
+
+Each variant run is compared with the base run of the same seed (the same data order) on the
+same test sentences, by sacreBLEU's own paired bootstrap resampling (`PairedTest`, test type
+'bs': 1,000 resamples of the test sentences drawn with sacreBLEU's fixed seed, 12345 unless
+SACREBLEU_SEED says otherwise; its signature names both). The seeds are tested apart, not
+pooled: the test resamples sentences, so it measures the test set's variance only, and a pool
+of a variant's three runs would count three translations of one sentence as three independent
+samples. How many seeds are significant shows whether a difference holds beyond one run.
+"""
+
+import contextlib
+import dataclasses
+import logging
+import os
+from collections.abc import Mapping, Sequence
+
+from sacrebleu.metrics import BLEU
+from sacrebleu.significance import PairedTest
+
+LEVEL = 0.05  # A p-value below it is significant.
+
+
+@dataclasses.dataclass(frozen=True)
+class Translations:
+    """A run's translations of the test split and their references, line by line."""
+
+    hypotheses: tuple[str, ...]
+    references: tuple[str, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class Significance:
+    """A variant's p-values against the base, seed -> p, and the test's sacreBLEU signature."""
+
+    p_values: dict[int, float]
+    signature: str
+
+    @property
+    def significant(self) -> int:
+        """How many seeds differ from the base at p < LEVEL."""
+        return sum(p < LEVEL for p in self.p_values.values())
+
+    def describe(self) -> str:
+        """'2/3 (0.001, 0.012, 0.240)': seeds significant of seeds compared, then each seed's p, in seed order."""
+        p_values = ", ".join(f"{self.p_values[seed]:.3f}" for seed in sorted(self.p_values))
+        return f"{self.significant}/{len(self.p_values)} ({p_values})"
+
+
+def _lines(path: str) -> tuple[str, ...]:
+    # Evaluation writes one line per sentence, each ended by '\n' (newlines inside replaced).
+    with open(path, encoding="utf-8", newline="\n") as f:
+        return tuple(f.read().split("\n")[:-1])
+
+
+def read_translations(folder: str) -> Translations | None:
+    """hypotheses.txt and references.txt of an evaluation folder; None if either is missing or they differ in length."""
+    try:
+        found = Translations(*(_lines(os.path.join(folder, name)) for name in ("hypotheses.txt", "references.txt")))
+    except FileNotFoundError:
+        return None
+    return found if len(found.hypotheses) == len(found.references) else None
+
+
+def paired_p_values(
+    base: Sequence[str], systems: Sequence[Sequence[str]], references: Sequence[str]
+) -> tuple[list[float], str]:
+    """The p-value of each system's corpus BLEU difference to `base`'s, all translating `references`' sources.
+
+    A system whose translations are the base's own gets p = 1: sacreBLEU gives it 1/1,001, as it
+    counts the resamples whose difference exceeds the real one (0) and none does.
+
+    Returns:
+        The p-values in the order of `systems`, and the test's signature (BLEU's, with the seed and resamples).
+    """
+    different = [i for i, system in enumerate(systems) if list(system) != list(base)]
+    named = [("base", list(base))] + [(f"system {i}", list(systems[i])) for i in different]
+    with _quiet(logging.getLogger("sacrebleu")):  # Its INFO lines tell each comparison's progress.
+        signatures, scores = PairedTest(named, {"BLEU": BLEU()}, [list(references)], test_type="bs")()
+    (metric,) = signatures
+    p_values = [1.0] * len(systems)
+    for i, result in zip(different, scores[metric][1:], strict=True):
+        p_values[i] = result.p_value
+    return p_values, str(signatures[metric])
+
+
+@contextlib.contextmanager
+def _quiet(logger: logging.Logger):
+    level = logger.level
+    logger.setLevel(logging.WARNING)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
+def against_base(translations: Mapping[str, Mapping[int, Translations]], base: str) -> dict[str, Significance]:
+    """Each variant's significance against the `base` variant, over the seeds both have with the same references.
+
+    Args:
+        translations: variant -> seed -> its run's test translations (finished runs only).
+        base: the variant the others are compared with.
+
+    Returns:
+        variant -> its `Significance`, for the variants with at least one seed compared.
+    """
+    p_values, signature = {}, None
+    for seed, reference_run in sorted(translations.get(base, {}).items()):
+        compared = [
+            (name, runs[seed])
+            for name, runs in translations.items()
+            if name != base and seed in runs and runs[seed].references == reference_run.references
+        ]
+        if not compared:
+            continue
+        found, signature = paired_p_values(
+            reference_run.hypotheses, [run.hypotheses for _, run in compared], reference_run.references
+        )
+        for (name, _), p_value in zip(compared, found, strict=True):
+            p_values.setdefault(name, {})[seed] = p_value
+    return {name: Significance(found, signature) for name, found in p_values.items()}
