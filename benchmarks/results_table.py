@@ -53,11 +53,6 @@ def _peer(figures: dict) -> str:
     return cell + (f"; bfloat16 MFU {variants['bfloat16']['mfu']:.0%}" if "bfloat16" in variants else "")
 
 
-def _restart(figures: dict) -> str:
-    restarts = figures["restarts"]
-    return ", ".join(f"{run['to_last_step_seconds']:.1f} s ({name})" for name, run in restarts.items())
-
-
 def _accelerator(figures: dict) -> str:
     def speed(step: dict) -> str:
         return f"{step['target_tokens_per_s']:,.0f} at {step['target_positions']:,} (MFU {step['mfu']:.0%})"
@@ -121,7 +116,6 @@ ROWS = (
     Row("quick-start: the main command, from an empty workdir", "quickstart_*", _quickstart),
     Row("quick-start's checkpoint, beam search", "quickstart_*", _beam),
     Row("train step against PyTorch 2.13 eager `nn.Transformer` (config R)", "peer_throughput_*", _peer),
-    Row("restart on a 4.5M-pair corpus: command start to the last step", "large_corpus_restart_*", _restart),
     Row("classification of the bundled help topics (7 classes)", "classify_*", _classification),
     Row("quick-start model exported, translating the test set", "export_agreement_*", _export_agreement),
     Row("decoding speed beside CTranslate2, the same weights and sentences", "decode_speed_*", _decode_speed),
