@@ -1,6 +1,6 @@
 r"""A bag-of-words linear classifier: the baseline the Transformer classifier has to beat.
 
-  python benchmarks/bag_of_words.py --data=data/libreoffice_help_topics
+  python -m benchmarks.bag_of_words --data=data/libreoffice_help_topics
 
 Reads {train,valid,test}.tsv[.gz] ('label<TAB>text', as the labelled_text dataset),
 represents each sentence by the set of its lower-cased words and word bigrams that occur
@@ -13,7 +13,6 @@ JSON to --output if given).
 
 import collections
 import json
-import os
 import re
 import sys
 import time
@@ -24,10 +23,8 @@ import numpy as np
 import optax
 from absl import app, flags
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from input_pipeline.labelled_text import read_examples, split_file  # noqa: E402
-from training.tasks import classification_metrics  # noqa: E402
+from input_pipeline.labelled_text import read_examples, split_file
+from training.tasks import classification_metrics
 
 _DATA = flags.DEFINE_string("data", "data/libreoffice_help_topics", "Folder of {train,valid,test}.tsv[.gz].")
 _MIN_COUNT = flags.DEFINE_integer("min_count", 2, "Keep words and bigrams seen at least this often in train.")

@@ -6,23 +6,42 @@ A record is `docs/results/<name>.json` and a short Markdown page generated besid
 
     record = records.new("quick-start", figures={...})
     records.write(record, "docs/results/quickstart_cpu-avx512-bf16", table=["| a | b |", ...])
+
+A record under docs/results/ is what its command wrote at a commit: `problems` names what keeps a
+record from being one (uncommitted changes, a missing command, machine or version, software
+outside pyproject.toml's pins with no `software_note` saying why), and `write` refuses such a
+record there with one `error:` line; elsewhere (`--output=/tmp/...`, a test) it is written as it
+is. Every script that writes records takes `--software_note` (defined here), e.g. for a GPU
+image whose jax is newer than the pins.
 """
 
 import datetime
 import importlib.metadata
 import json
+import operator
 import os
 import platform
+import re
 import shlex
 import subprocess
 import sys
+import tomllib
 from collections.abc import Iterable, Sequence
+
+from absl import flags
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS_DIR = os.path.join(REPO_ROOT, "docs", "results")
+PYPROJECT = os.path.join(REPO_ROOT, "pyproject.toml")
 
 # The packages whose versions change what a measurement of this project means.
 DEFAULT_PACKAGES = ("jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "numpy")
+# The fields every record has, filled.
+REQUIRED_FIELDS = ("measurement", "command", "date", "commit", "machine", "software", "figures")
+
+_SOFTWARE_NOTE = flags.DEFINE_string(
+    "software_note", "", "Why the software is outside pyproject.toml's pins (a GPU image's jax, say), for the record."
+)
 
 # CPU features that decide how XLA:CPU runs this model's matmuls, most capable first:
 # AMX tiles, AVX-512 with bf16 dot products, AVX-512, AVX2.
@@ -94,9 +113,15 @@ def _git(*arguments: str) -> str | None:
 
 
 def source() -> dict:
-    """The commit measured, and whether the working tree differed from it (outside docs/results/)."""
+    """The commit measured, and whether the working tree differed from it (outside docs/results/).
+
+    Warns on stderr where it did: a record of this run will not be taken under docs/results/.
+    """
     status = _git("status", "--porcelain", "--", ".", ":(exclude)docs/results")
-    return {"commit": _git("rev-parse", "HEAD"), "uncommitted_changes": bool(status) if status is not None else None}
+    uncommitted = None if status is None else bool(status)
+    if uncommitted:
+        print("warning: uncommitted changes: this run's record will be refused under docs/results/", file=sys.stderr)
+    return {"commit": _git("rev-parse", "HEAD"), "uncommitted_changes": uncommitted}
 
 
 def command() -> str:
@@ -112,26 +137,123 @@ def new(measurement: str, *, figures: dict, packages: Sequence[str] = DEFAULT_PA
     `fields` add what the measurement needs beside its figures (a note, its settings, the
     accelerator it ran on); a `machine` field replaces the host's description, and `commit` and
     `uncommitted_changes` taken with `source()` when the measurement began replace those of now.
+    `--software_note`, where given, is the record's `software_note`.
     """
-    return {
+    if flags.FLAGS.is_parsed() and _SOFTWARE_NOTE.value:
+        fields.setdefault("software_note", _SOFTWARE_NOTE.value)
+    record = {
         "measurement": measurement,
         "command": command(),
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        **source(),
+        **({} if "commit" in fields else source()),
         "machine": fields.pop("machine", None) or machine(),
         "software": software(packages),
         "load_average": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
         **fields,
         "figures": figures,
     }
+    if found := [problem for problem in problems(record) if problem != "no figures"]:
+        print(f"warning: this record will be refused under docs/results/: {'; '.join(found)}", file=sys.stderr)
+    return record
 
 
-def write(record: dict, path: str, table: Sequence[str] = ()) -> str:
+# A requirement of pyproject.toml: name, extras, version specifiers, environment marker. Parsed here rather than with
+# `packaging`, which the accelerator check's bare GPU images need not have.
+_REQUIREMENT = re.compile(r"\s*([A-Za-z0-9][A-Za-z0-9._-]*)\s*(?:\[[^\]]*\])?\s*([^;]*)")
+_SPECIFIER = re.compile(r"\s*(>=|<=|==|!=|<|>)\s*(\d+(?:\.\d+)*)\s*")
+_COMPARE = {
+    "==": operator.eq,
+    "!=": operator.ne,
+    "<": operator.lt,
+    "<=": operator.le,
+    ">": operator.gt,
+    ">=": operator.ge,
+}
+
+
+def _name(package: str) -> str:
+    return re.sub(r"[-_.]+", "-", package).lower()
+
+
+def _release(version: str, length: int) -> tuple[int, ...] | None:
+    """`version`'s release numbers padded to `length` ('2.13.0+cpu' -> (2, 13, 0)); None if it has none."""
+    if not (found := re.match(r"\d+(?:\.\d+)*", version)):
+        return None
+    numbers = tuple(int(part) for part in found.group().split("."))
+    return numbers + (0,) * (length - len(numbers))
+
+
+def pins(pyproject: str = PYPROJECT) -> dict[str, list[tuple[str, str]]]:
+    """The version specifiers pyproject.toml gives each package (its extras' too) and Python ('python').
+
+    Returns {name: [(operator, version), ...]}, names lower-cased with '-' ('ml-collections').
+    Raises:
+        ValueError: a specifier this reader does not take ('~=', wildcards).
+    """
+    with open(pyproject, "rb") as file:
+        project = tomllib.load(file)["project"]
+    extras = project.get("optional-dependencies", {}).values()
+    requirements = [f"python{project['requires-python']}", *project["dependencies"]]
+    allowed = {}
+    for text in [*requirements, *(requirement for extra in extras for requirement in extra)]:
+        name, specifiers = _REQUIREMENT.match(text).groups()
+        for specifier in filter(str.strip, specifiers.split(",")):
+            if not (found := _SPECIFIER.fullmatch(specifier)):
+                raise ValueError(f"pyproject.toml: {text!r}: {specifier!r} is not a specifier records.py reads")
+            if found.groups() not in (pin := allowed.setdefault(_name(name), [])):
+                pin.append(found.groups())
+    return allowed
+
+
+def outside_pins(versions: dict, allowed: dict[str, list[tuple[str, str]]]) -> list[str]:
+    """`versions`' packages whose version the pins in `allowed` exclude, as 'name version (pin)'.
+
+    Release numbers are compared; a local label ('+cpu') is ignored, as pip ignores it against '=='.
+    """
+    outside = []
+    for package, version in versions.items():
+        if not version or not (pin := allowed.get(_name(package))):
+            continue
+        length = max(len(part.split(".")) for part in (version, *(bound for _, bound in pin)))
+        release = _release(version, length)
+        if release is None or not all(_COMPARE[relation](release, _release(bound, length)) for relation, bound in pin):
+            outside.append(f"{package} {version} ({','.join(relation + bound for relation, bound in pin)})")
+    return outside
+
+
+def problems(record: dict, allowed: dict[str, list[tuple[str, str]]] | None = None) -> list[str]:
+    """What keeps `record` from being what a command wrote at a clean commit, with known software; [] if nothing.
+
+    `allowed` is the pins the software must be within (default: pyproject.toml's), unless the
+    record's `software_note` says why not.
+    """
+    found = [f"no {field}" for field in REQUIRED_FIELDS if not record.get(field)]
+    commit = record.get("commit")
+    if commit and not re.fullmatch(r"[0-9a-f]{40}", commit):
+        found.append(f"commit {commit!r} is not a full commit hash")
+    if record.get("uncommitted_changes") is None:
+        found.append("no uncommitted_changes: whether the working tree was clean is unknown")
+    elif record["uncommitted_changes"]:
+        found.append("written from a working tree with uncommitted changes")
+    versions = record.get("software") or {}
+    found += [f"no {package} version" for package in ("python", *DEFAULT_PACKAGES) if not versions.get(package)]
+    outside = outside_pins(versions, pins() if allowed is None else allowed)
+    if outside and not record.get("software_note"):
+        found.append(f"software outside pyproject.toml's pins, with no software_note saying why: {', '.join(outside)}")
+    return found
+
+
+def write(record: dict, path: str, table: Sequence[str] = (), results_dir: str = RESULTS_DIR) -> str:
     """Writes `record` as `path`.json and a Markdown page `path`.md (a header, then `table`); returns the JSON's path.
 
-    Written to a temporary name and renamed, so a record is either whole or absent.
+    Written to a temporary name and renamed, so a record is either whole or absent. Under
+    `results_dir`, a record with `problems` is refused: one `error:` line, exit status 2.
     """
     path = path.removesuffix(".json")
+    inside = os.path.commonpath([os.path.abspath(path), os.path.abspath(results_dir)]) == os.path.abspath(results_dir)
+    if inside and (found := problems(record)):
+        print(f"error: not written to {path}.json: {'; '.join(found)}", file=sys.stderr)
+        sys.exit(2)
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     machine_line = record["machine"].get("accelerator") or (
         f"{record['machine']['cpu_model']} ({record['machine']['cpu_kind']}), {record['machine']['cores']} cores"

@@ -53,11 +53,6 @@ def _peer(figures: dict) -> str:
     return cell + (f"; bfloat16 MFU {variants['bfloat16']['mfu']:.0%}" if "bfloat16" in variants else "")
 
 
-def _restart(figures: dict) -> str:
-    restarts = figures["restarts"]
-    return ", ".join(f"{run['to_last_step_seconds']:.1f} s ({name})" for name, run in restarts.items())
-
-
 def _accelerator(figures: dict) -> str:
     def speed(step: dict) -> str:
         return f"{step['target_tokens_per_s']:,.0f} at {step['target_positions']:,} (MFU {step['mfu']:.0%})"
@@ -78,29 +73,41 @@ def _classification(figures: dict) -> str:
     )
 
 
-def _export_agreement(figures: dict) -> str:
+def _bf16_or_float32(record: dict) -> str:
+    """What `model.dtype='auto'` computes in on the record's CPU: bf16 where it has bf16 matmul instructions."""
+    return "bf16" if {"amx_bf16", "avx512_bf16"} & set(record["machine"].get("cpu_matmul_features", ())) else "float32"
+
+
+def _export_agreement(record: dict, results_dir: str) -> str:
+    rows = record["figures"]["rows"]
+
     def greedy(engine: str) -> dict:
-        return next(r for r in figures["rows"] if r["engine"] == engine and r["decoding"] == "greedy")
+        return next(r for r in rows if r["engine"] == engine and r["decoding"] == "greedy")
+
+    def share(identical: int, row: dict) -> str:
+        return f"{identical / row['lines']:.2%}"
 
     engines = {"CTranslate2": greedy("CTranslate2, float32"), "Hugging Face": greedy("Hugging Face, float32")}
-    own = ", ".join(f"{name} {row['identical_lines'] / row['lines']:.2%}" for name, row in engines.items())
-    one = ", ".join(
-        f"{name} {row['one_budget']['identical_lines'] / row['lines']:.2%}" for name, row in engines.items()
-    )
+    own = ", ".join(f"{name} {share(row['identical_lines'], row)}" for name, row in engines.items())
+    one = ", ".join(f"{name} {share(row['one_budget']['identical_lines'], row)}" for name, row in engines.items())
+    auto = next(r for r in rows if "'auto'" in r["engine"] and r["decoding"] == "greedy")
     return (
-        f"greedy float32 lines identical to `translate.py`'s, each sentence at its length budget: {own}; "
-        f"at the engines' one budget: {one}"
+        f"greedy lines identical to this project's greedy decoding forced to float32, each sentence at its length "
+        f"budget: {own} (at the engines' one budget: {one}); `translate.py` in its default dtype ('auto': "
+        f"{_bf16_or_float32(record)} on this CPU) gives those lines on {share(auto['identical_lines'], auto)}"
     )
 
 
-def _decode_speed(figures: dict) -> str:
+def _decode_speed(record: dict, results_dir: str) -> str:
+    figures = record["figures"]
+
     def speed(engine: str, beam_size: int) -> str:
         row = next(r for r in figures["rows"] if r["engine"] == engine and r["beam_size"] == beam_size)
         return f"{row['output_tokens_per_second']:,.0f}"
 
     ours = next(r["engine"] for r in figures["rows"] if r["engine"].endswith(", cached"))
-    batch = f"{figures['batch']} test sentences, {figures['length']} tokens each"
-    return f"output tokens/s, greedy / beam 4 ({batch}): " + "; ".join(
+    batch = f"{figures['batch']} test sentences × {figures['length']} forced tokens"
+    cell = f"output tokens/s, greedy / beam 4, on {batch}: " + "; ".join(
         f"{name} {speed(engine, 1)} / {speed(engine, 4)}"
         for name, engine in (
             (ours.removesuffix(", cached").replace("this project", "ours"), ours),
@@ -108,27 +115,64 @@ def _decode_speed(figures: dict) -> str:
             ("int8", "CTranslate2, int8"),
         )
     )
+    return cell + _whole_test_set(record, results_dir)
+
+
+def _whole_test_set(record: dict, results_dir: str) -> str:
+    """Greedy and beam-4 speeds on the whole test set, from the export agreement record of the same kind of CPU."""
+    name = f"export_agreement_{record['machine']['cpu_kind']}"
+    if not os.path.exists(os.path.join(results_dir, name + ".json")):
+        return ""
+    rows = records.read(name, results_dir)["figures"]["rows"]
+
+    def speeds(engine: str) -> str:
+        return " / ".join(
+            f"{row['output_subwords_per_second']:,.0f}"
+            for decoding in ("greedy", "beam 4, alpha 0.6")
+            for row in rows
+            if row["engine"] == engine and row["decoding"] == decoding
+        )
+
+    page = os.path.relpath(os.path.join(results_dir, name + ".md"), records.REPO_ROOT)
+    return (
+        f". On the whole test set CTranslate2 float32 is faster: {speeds('CTranslate2, float32')} output subwords/s "
+        f"against ours, in float32, {speeds('this project, float32')} ([{name}]({page}))"
+    )
+
+
+def _figures(cell: Callable[[dict], str]) -> Callable[[dict, str], str]:
+    """A cell made from the record's figures alone."""
+    return lambda record, results_dir: cell(record["figures"])
 
 
 @dataclasses.dataclass(frozen=True)
 class Row:
     what: str
     records: str  # A glob of record names under docs/results/, one row per match.
-    result: Callable[[dict], str]  # The figures' cell.
+    result: Callable[[dict, str], str]  # The result's cell, from the record and the folder of records.
 
 
 ROWS = (
-    Row("quick-start: the main command, from an empty workdir", "quickstart_*", _quickstart),
-    Row("quick-start's checkpoint, beam search", "quickstart_*", _beam),
-    Row("train step against PyTorch 2.13 eager `nn.Transformer` (config R)", "peer_throughput_*", _peer),
-    Row("restart on a 4.5M-pair corpus: command start to the last step", "large_corpus_restart_*", _restart),
-    Row("classification of the bundled help topics (7 classes)", "classify_*", _classification),
+    Row("quick-start: the main command, from an empty workdir", "quickstart_*", _figures(_quickstart)),
+    Row("quick-start's checkpoint, beam search", "quickstart_*", _figures(_beam)),
+    Row("train step against PyTorch 2.13 eager `nn.Transformer` (config R)", "peer_throughput_*", _figures(_peer)),
+    Row("classification of the bundled help topics (7 classes)", "classify_*", _figures(_classification)),
     Row("quick-start model exported, translating the test set", "export_agreement_*", _export_agreement),
-    Row("decoding speed beside CTranslate2, the same weights and sentences", "decode_speed_*", _decode_speed),
-    Row("Transformer-base and -big train step, bf16, one device", "accelerator_check_base_big_*", _accelerator),
+    Row("decoding speed beside CTranslate2, the same weights", "decode_speed_*", _decode_speed),
+    Row(
+        "Transformer-base and -big train step, bf16, one device",
+        "accelerator_check_base_big_*",
+        _figures(_accelerator),
+    ),
 )
-# Rows that link to a page instead of a record.
-LINKS = (("the paper's Table 3 at the bundled corpus's scale", "[docs/ablations.md](docs/ablations.md#results)"),)
+# Rows without a record: what they are, in words.
+LINKS = (
+    (
+        "the paper's Table 3 at the bundled corpus's scale",
+        "not a record yet: [docs/ablations.md](docs/ablations.md#results) gives the sweep and its commands; its table "
+        "came from older code and is to be generated again",
+    ),
+)
 
 
 def _machine(record: dict) -> str:
@@ -151,7 +195,8 @@ def table(results_dir: str = records.RESULTS_DIR) -> list[str]:
             name = os.path.basename(path).removesuffix(".json")
             record = records.read(name, results_dir)
             page = os.path.relpath(os.path.join(results_dir, name + ".md"), records.REPO_ROOT)
-            lines.append(f"| {row.what} | {row.result(record['figures'])} | {_machine(record)} | [{name}]({page}) |")
+            cell = row.result(record, results_dir)
+            lines.append(f"| {row.what} | {cell} | {_machine(record)} | [{name}]({page}) |")
     lines += [f"| {what} | {link} | | |" for what, link in LINKS]
     return lines
 

@@ -2,13 +2,10 @@
 
 XLA:CPU mallocs each step's temporaries (hundreds of MB) and frees them after it; glibc's defaults
 map and unmap every block above 32 MiB, so each step faults all its pages in again. tcmalloc
-(`LD_PRELOAD`, Debian's `libtcmalloc-minimal4`) keeps them and was the fastest host allocator on
-both workloads measured, with less peak memory than glibc's malloc set with `mallopt` to keep freed
-memory, which came next, ahead of glibc's defaults and its huge-page tunable
-(docs/results/host_allocators_fast_group.json, benchmarks/host_allocators.py). A preloaded
+(`LD_PRELOAD`, Debian's `libtcmalloc-minimal4`) keeps freed blocks in its caches. A preloaded
 allocator must be in place before the process starts, so it is the user's choice (the README's
-main command, docs/speed.md); without one, `set_up` tunes glibc's malloc in the running process: no restart, nothing
-set before start-up.
+main command, docs/speed.md); without one, `set_up` tunes glibc's malloc in the running process
+to keep freed memory: no restart, nothing set before start-up.
 """
 
 import ctypes
