@@ -478,6 +478,50 @@ def test_export_refuses_a_non_empty_output_unless_told_to_overwrite(run, tmp_pat
     assert sorted(os.listdir(tmp_path)) == ["exported"]
 
 
+# Runs export.py with its engine's weights writer failing as on a full disk, partway through the file: safetensors
+# with the error its Rust writer raised on a full tmpfs, CTranslate2 with Python's `OSError` from a buffered write
+# (which names no file).
+_EXPORT_ON_A_FULL_DISK = """
+import errno, os, runpy, sys
+import safetensors.torch
+from ctranslate2.specs import model_spec
+
+def _half_written(path):
+    with open(path, "wb") as f:
+        f.write(b"half")
+
+def _safetensors_on_a_full_disk(tensors, filename, metadata=None):
+    _half_written(filename)
+    raise safetensors.SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+
+def _ctranslate2_on_a_full_disk(spec, path):
+    _half_written(path)
+    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+safetensors.torch.serialize_file = _safetensors_on_a_full_disk
+model_spec.ModelSpec._serialize = _ctranslate2_on_a_full_disk
+sys.argv = sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+@pytest.mark.parametrize("export_format", ["huggingface", "ctranslate2"])
+def test_a_full_disk_is_one_error_line_and_leaves_nothing(run, tmp_path, export_format):
+    if "post" not in os.path.basename(run.workdir):
+        pytest.skip("One run is enough.")
+    output = tmp_path / "exported"
+    args = (f"--workdir={run.workdir}", f"--format={export_format}", f"--output={output}")
+    result = run_entry_point("-c", _EXPORT_ON_A_FULL_DISK, "export.py", *args)
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr
+    assert [line for line in result.stderr.splitlines() if line.startswith("error:")] == [
+        f"error: cannot write in {output}: No space left on device (errno 28); free space on that disk or write "
+        "elsewhere"
+    ]
+    assert result.stderr.strip().splitlines()[-1].startswith("error:")
+    assert os.listdir(tmp_path) == []  # No output folder, and no staging folder beside it.
+
+
 # --------------------------------------------------------------------------- #
 # CTranslate2 with what only it holds (relative or rotary positions, untied embeddings): untrained models.
 # --------------------------------------------------------------------------- #
