@@ -6,7 +6,10 @@ the failed call and the C library's text for the error (`write() failed: No spac
 left on device; writing <path>; ...`), and Orbax, whose asynchronous saves fail in a
 background thread and are raised later, from the next save or the final wait, as
 a TensorStore `ValueError` whose text carries the OS error code
-(`... Failed writing: "<path>": ... No space left on device [os_error_code='28']`).
+(`... Failed writing: "<path>": ... No space left on device [os_error_code='28']`), and
+Rust libraries (safetensors, tokenizers: the Hugging Face export), whose exceptions end in
+Rust's text for an OS error (`Error while serializing: I/O error: No space left on device
+(os error 28)`).
 `describe` finds the OS error in an exception, its causes and its contexts, and
 names the path and the cause. Where it names none (Python's buffered writes report a
 full disk when they flush, without the file; Orbax writes its metadata so), the writer
@@ -39,6 +42,8 @@ _TENSORSTORE_PATH = re.compile(
 # Riegeli (ArrayRecord's file layer) names the system call, then strerror's text, then the file.
 _RIEGELI_FAILURE = re.compile(r"\b\w+\(\) failed: ([^;]+); (?:writing|opening) ([^;]+)")
 _ERRNO_OF_STRERROR = {os.strerror(number): number for number in STORAGE_ERRNOS}
+# Rust's `std::io::Error` shows an OS error as its text then "(os error N)", naming no file.
+_RUST_OS_ERROR = re.compile(r"\(os error (\d+)\)")
 
 
 def _chain(exc: BaseException):
@@ -62,6 +67,9 @@ def storage_errno(exc: BaseException) -> tuple[int, str | None] | None:
         match = _RIEGELI_FAILURE.search(str(link))
         if match and match[1] in _ERRNO_OF_STRERROR:
             return _ERRNO_OF_STRERROR[match[1]], match[2]
+        match = _RUST_OS_ERROR.search(str(link))
+        if match and int(match[1]) in STORAGE_ERRNOS:
+            return int(match[1]), None
     return None
 
 

@@ -26,7 +26,7 @@ def _write_huggingface(network: Network, trained: inference.TrainedModel, config
     )
     model.generation_config = to_huggingface.generation_config(config.eval, config.eval.max_decode_length)
     model.save_pretrained(staging)
-    hf_tokenizer.huggingface_tokenizer(trained.tokenizer, network.config.max_len).save_pretrained(staging)
+    hf_tokenizer.huggingface_tokenizer(trained.tokenizer, config.dataset.max_length).save_pretrained(staging)
     return type(model).__name__
 
 

@@ -55,7 +55,9 @@ def huggingface_tokenizer(sentencepiece: spm.SentencePieceProcessor, max_length:
 
     Args:
         sentencepiece: the run's tokenizer.
-        max_length: the longest input the model takes (its positions table), in ids.
+        max_length: the longest source `translate.py` feeds the model (config.dataset.max_length), in ids with
+            <eos>: the tokenizer's `model_max_length`, so that `truncation=True` cuts a longer source as
+            `translate.py` does, to its first max_length - 1 ids and <eos>.
     """
     proto = sentencepiece_model_pb2.ModelProto.FromString(sentencepiece.serialized_model_proto())
     special = {

@@ -13,7 +13,7 @@ from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
 tokenizer = AutoTokenizer.from_pretrained("{path}")
 model = AutoModelForSeq2SeqLM.from_pretrained("{path}")
-batch = tokenizer(["{example}"], return_tensors="pt", padding=True)
+batch = tokenizer(["{example}"], return_tensors="pt", padding=True, truncation=True)
 print(tokenizer.batch_decode(model.generate(**batch), skip_special_tokens=True))
 ```""",
     "ctranslate2": """```python
@@ -22,7 +22,8 @@ import sentencepiece as spm
 
 sp = spm.SentencePieceProcessor(model_file="{path}/sentencepiece.model")
 translator = ctranslate2.Translator("{path}")
-results = translator.translate_batch([sp.encode("{example}", out_type=str)], beam_size={beam_size})
+source = sp.encode("{example}", out_type=str)
+results = translator.translate_batch([source], beam_size={beam_size}, max_input_length={max_source_length})
 print(sp.decode_pieces(results[0].hypotheses[0]))
 ```""",
 }
@@ -47,6 +48,23 @@ _LENGTH_NOTE = (
     "aiayn's models/decoding.py, at most {max_decode_length} subwords). {option} is one number a call: a "
     "translation that runs that long without `</s>` is cut elsewhere unless each sentence gets its own."
 )
+_SOURCE_LENGTH_NOTE = (
+    "Long sources: `translate.py` cuts a source longer than {max_source_length} subwords (config.dataset.max_length, "
+    "`</s>` included) to its first {max_source_length_without_eos} subwords and `</s>`, with a warning; the model "
+    "holds positions for {max_positions} subwords only. {cut}"
+)
+_SOURCE_CUT = {
+    "huggingface": (
+        "`truncation=True` cuts as `translate.py` does (the tokenizer's `model_max_length` is {max_source_length}); "
+        "without it a longer source goes in whole, and one longer than {max_positions} fails."
+    ),
+    "ctranslate2": (
+        "`max_input_length={max_source_length}` cuts as `translate.py` does (CTranslate2 counts the `</s>` it "
+        "appends, and keeps it); with its default, 1024, a source longer than {max_positions} fails (\"No position "
+        "encodings are defined for positions >= {max_positions}\")."
+    ),
+}
+
 _LENGTH_OPTION = {
     "huggingface": "`generate`'s `max_new_tokens` (default: eval.max_decode_length)",
     "ctranslate2": "`translate_batch`'s `max_decoding_length`",
@@ -111,7 +129,12 @@ def model_card(
     languages = f"{dataset.source_lang}-{dataset.target_lang}"
     header = ["---", f"library_name: {'transformers' if export_format == 'huggingface' else 'ctranslate2'}"]
     header += ["pipeline_tag: translation", "language:", f"- {dataset.source_lang}", f"- {dataset.target_lang}", "---"]
-    usage = _USAGE[export_format].format(path=output, example="Click OK.", beam_size=config.eval.beam_size)
+    lengths = {
+        "max_source_length": dataset.max_length,
+        "max_source_length_without_eos": dataset.max_length - 1,
+        "max_positions": model.max_len,
+    }
+    usage = _USAGE[export_format].format(path=output, example="Click OK.", beam_size=config.eval.beam_size, **lengths)
     layers = f"{model.num_layers}" if model.num_encoder_layers < 0 else f"{model.num_encoder_layers}"
     lines = [
         *header,
@@ -139,6 +162,8 @@ def model_card(
         usage,
         "",
         _DECODING_NOTES[export_format],
+        "",
+        _SOURCE_LENGTH_NOTE.format(cut=_SOURCE_CUT[export_format].format(**lengths), **lengths),
         "",
         _LENGTH_NOTE.format(max_decode_length=config.eval.max_decode_length, option=_LENGTH_OPTION[export_format]),
         "",

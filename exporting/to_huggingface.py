@@ -1,8 +1,8 @@
 """A trained model as a `transformers` folder: Marian (post-LN) or Blenderbot (pre-LN), safetensors weights.
 
 `AutoModelForSeq2SeqLM.from_pretrained(DIR)` and `AutoTokenizer.from_pretrained(DIR)` load it
-offline, and `model.generate(**tokenizer(lines, return_tensors="pt", padding=True))` decodes
-as the run's config.eval says (generation_config.json).
+offline, and `model.generate(**tokenizer(lines, return_tensors="pt", padding=True, truncation=True))`
+decodes as the run's config.eval says (generation_config.json), sources cut as `translate.py` cuts them.
 
 How this project's Transformer maps onto them (models/transformer.py):
   - Both scale the tied token embedding by sqrt(d_model) (`scale_embedding`), add positions

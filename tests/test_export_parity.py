@@ -22,6 +22,7 @@ from conftest import TINY_MODEL, WITHOUT_TENSORFLOW, run_entry_point
 from common.special_ids import BOS_ID, EOS_ID, PAD_ID
 from common.workdir import Workdir
 from exporting.network import network_from_params
+from input_pipeline import tokenizer as tokenizer_lib
 from input_pipeline.batching import RaggedIds
 from models import Transformer
 from models.decoding import decode_length, generate
@@ -436,6 +437,68 @@ def test_ctranslate2_beam_search_with_the_runs_length_penalty_translates_as_we_d
 
 
 # --------------------------------------------------------------------------- #
+# A source longer than the positions table: translate.py cuts it to dataset.max_length, the engines as the card says.
+# --------------------------------------------------------------------------- #
+
+
+@dataclasses.dataclass(frozen=True)
+class OverLong:
+    """One line longer than the exported positions table, and what translate.py makes of it."""
+
+    line: str
+    cut_ids: list[int]  # The source ids translate.py feeds its encoder: dataset.max_length, <eos> last.
+    translation: str  # translate.py's greedy translation.
+    budget: int  # Its output budget: decode_length of the cut source.
+
+
+@pytest.fixture(scope="module")
+def over_long(ours) -> OverLong:
+    config = ours.config.copy_and_resolve_references()
+    config.eval.beam_size = 1
+    with open(os.path.join(config.dataset.path, "test.en"), encoding="utf-8") as f:
+        line = " ".join(line.strip() for line in f)
+    sp = ours.trained.tokenizer
+    assert len(sp.encode(line)) + 1 > ours.trained.model.config.max_len  # Whole, it fails in both engines.
+    cut, _ = tokenizer_lib.encode_sources(sp, [line], config.dataset.max_length)
+    setup = translation.eval_setup(config, ours.trained.model, sp, ours.trained.mesh)
+    # What translate.py runs: inference.translate_lines with the run's dataset.max_length.
+    [text] = inference.translate_lines(setup, ours.trained.params, [line], config.dataset.max_length)
+    assert text, "the model translates the line to nothing"
+    budget = decode_length(config.dataset.max_length, config.eval.max_decode_length)
+    return OverLong(line, cut[0].tolist(), text, budget)
+
+
+def _model_card(folder: str) -> str:
+    with open(os.path.join(folder, "README.md"), encoding="utf-8") as f:
+        return f.read()
+
+
+def test_huggingface_cuts_an_over_long_source_as_translate_py_does(run, hf, ours, over_long):
+    tokenizer, model = hf
+    assert 'tokenizer(["Click OK."], return_tensors="pt", padding=True, truncation=True)' in _model_card(
+        run.huggingface
+    )
+    batch = tokenizer([over_long.line], return_tensors="pt", padding=True, truncation=True)
+    assert batch["input_ids"][0].tolist() == over_long.cut_ids
+    with torch.no_grad():
+        output = model.generate(**batch, num_beams=1, max_new_tokens=over_long.budget)
+    assert tokenizer.batch_decode(output, skip_special_tokens=True) == [over_long.translation]
+
+
+def test_ctranslate2_cuts_an_over_long_source_as_translate_py_does(run, translator, ours, over_long):
+    max_length = ours.config.dataset.max_length
+    assert f"max_input_length={max_length})" in _model_card(run.ctranslate2)
+    sp = spm.SentencePieceProcessor(model_file=os.path.join(run.ctranslate2, "sentencepiece.model"))
+    [result] = translator.translate_batch(
+        [sp.encode(over_long.line, out_type=str)],
+        beam_size=1,
+        max_input_length=max_length,
+        max_decoding_length=over_long.budget,
+    )
+    assert sp.decode(result.hypotheses[0]) == over_long.translation
+
+
+# --------------------------------------------------------------------------- #
 # The folders.
 # --------------------------------------------------------------------------- #
 
@@ -476,6 +539,50 @@ def test_export_refuses_a_non_empty_output_unless_told_to_overwrite(run, tmp_pat
         "shared_vocabulary.json",
     ]
     assert sorted(os.listdir(tmp_path)) == ["exported"]
+
+
+# Runs export.py with its engine's weights writer failing as on a full disk, partway through the file: safetensors
+# with the error its Rust writer raised on a full tmpfs, CTranslate2 with Python's `OSError` from a buffered write
+# (which names no file).
+_EXPORT_ON_A_FULL_DISK = """
+import errno, os, runpy, sys
+import safetensors.torch
+from ctranslate2.specs import model_spec
+
+def _half_written(path):
+    with open(path, "wb") as f:
+        f.write(b"half")
+
+def _safetensors_on_a_full_disk(tensors, filename, metadata=None):
+    _half_written(filename)
+    raise safetensors.SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+
+def _ctranslate2_on_a_full_disk(spec, path):
+    _half_written(path)
+    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+safetensors.torch.serialize_file = _safetensors_on_a_full_disk
+model_spec.ModelSpec._serialize = _ctranslate2_on_a_full_disk
+sys.argv = sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+@pytest.mark.parametrize("export_format", ["huggingface", "ctranslate2"])
+def test_a_full_disk_is_one_error_line_and_leaves_nothing(run, tmp_path, export_format):
+    if "post" not in os.path.basename(run.workdir):
+        pytest.skip("One run is enough.")
+    output = tmp_path / "exported"
+    args = (f"--workdir={run.workdir}", f"--format={export_format}", f"--output={output}")
+    result = run_entry_point("-c", _EXPORT_ON_A_FULL_DISK, "export.py", *args)
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr
+    assert [line for line in result.stderr.splitlines() if line.startswith("error:")] == [
+        f"error: cannot write in {output}: No space left on device (errno 28); free space on that disk or write "
+        "elsewhere"
+    ]
+    assert result.stderr.strip().splitlines()[-1].startswith("error:")
+    assert os.listdir(tmp_path) == []  # No output folder, and no staging folder beside it.
 
 
 # --------------------------------------------------------------------------- #

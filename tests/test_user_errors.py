@@ -37,6 +37,10 @@ ORBAX_DISK_FULL = (
     "No space left on device [os_error_code='28']"
 )
 
+# What safetensors' and tokenizers' (Rust) writers raised when a Hugging Face export filled a tmpfs, as they were.
+SAFETENSORS_DISK_FULL = Exception("Error while serializing: I/O error: No space left on device (os error 28)")
+TOKENIZERS_DISK_FULL = Exception("No space left on device (os error 28)")
+
 
 # --- Storage failures, function level ---------------------------------------------------------------------
 
@@ -67,6 +71,12 @@ def test_storage_errors_name_path_and_cause():
     )
     read_only = RuntimeError("open() failed: Read-only file system; opening /w/a.array_record; Failed to create")
     assert io_errors.storage_errno(read_only) == (errno.EROFS, "/w/a.array_record")
+    # Rust libraries (safetensors, tokenizers) give Rust's text for the OS error, and no file: the folder is named.
+    for rust in (SAFETENSORS_DISK_FULL, TOKENIZERS_DISK_FULL):
+        assert io_errors.describe(rust, "runs/x", elsewhere="write elsewhere") == (
+            f"cannot write in {os.path.abspath('runs/x')}: No space left on device (errno 28); free space on that "
+            "disk or write elsewhere"
+        )
     # Python's buffered writes do not know their file: the folder is named instead.
     too_large = OSError(errno.EFBIG, "File too large")
     assert io_errors.describe(too_large, "runs/x", elsewhere="write elsewhere").endswith(
@@ -99,6 +109,7 @@ def test_other_errors_stay_bugs():
         ValueError("shapes do not match"),
         ValueError("Failed writing [os_error_code='4']"),  # EINTR: not the user's to fix.
         RuntimeError("write() failed: Input/output error; writing /w/a.array_record"),  # EIO: a failing disk.
+        Exception("Error while serializing: I/O error: Input/output error (os error 5)"),
     ):
         assert io_errors.user_error_message(error, "/w") is None
     assert io_errors.user_error_message(UserInputError("bad"), "/w") == "bad"
