@@ -11,7 +11,7 @@ Finished runs are skipped and an interrupted one resumes from its checkpoint, so
 the same command continues a sweep stopped at any point (Ctrl-C or SIGTERM: the run
 in progress saves its step first). Results: <root>/results.md, results.csv,
 results_runs.csv, results_bleu.png, valid_curves.png; with --record, results.md's table
-also as a record (benchmarks/records.py: command, machine, software, date, commit). Exit
+also as a record (common/records.py: command, machine, software, date, commit). Exit
 status 1 if a run failed (each failure is named, with its log), 130/143 if stopped by a signal.
 """
 
@@ -20,8 +20,7 @@ import sys
 
 from absl import app, flags
 
-from common import io_errors
-from common.errors import UserInputError
+from common import io_errors, records
 from sweeps import plots, report, runner
 
 _SWEEP = flags.DEFINE_string("sweep", None, "Sweep file (configs/sweeps/*.py): a base config and named variants.")
@@ -63,7 +62,7 @@ def _sweep() -> None:
         for run, why in left_out:
             print(f"left out {run.label}: {why}", file=sys.stderr)
         return
-    source = _records().source() if _RECORD.value else None  # The commit as the sweep starts.
+    source = records.source() if _RECORD.value else None  # The commit as the sweep starts.
     failed, runs = [], {"trained": 0, "finished_before": None}  # --collect: none trained, the rest unknown.
     if not _COLLECT.value:
         outcome = runner.run_all(loaded, runner.plan_runs(_ROOT.value, selected, _SEEDS.value))
@@ -84,20 +83,8 @@ def _sweep() -> None:
         sys.exit(1)
 
 
-def _records():
-    """benchmarks/records.py: a checkout's, not installed with the package, so only --record imports it."""
-    try:
-        from benchmarks import records  # pylint: disable=import-outside-toplevel
-    except ModuleNotFoundError:
-        raise UserInputError(
-            "--record writes a record of a checkout (benchmarks/records.py): run its sweep.py."
-        ) from None
-    return records
-
-
 def _write_record(path: str, sweep: runner.Sweep, collected: report.Collected, source: dict, runs: dict) -> str:
     """The results as a record at `path` (.json and .md), with `source`, the commit the sweep started from."""
-    records = _records()
     record = records.new(
         f"sweep {os.path.relpath(sweep.path, runner.REPOSITORY)}",
         figures=report.record_figures(collected.summaries),

@@ -72,7 +72,7 @@ import numpy as np
 import optax
 from absl import app, flags
 
-from benchmarks import records
+from common import records
 from configs import default, tiny
 from input_pipeline import synthetic
 from models.build import make_model
@@ -536,7 +536,7 @@ SECTION_FUNCTIONS = {
 
 
 # --------------------------------------------------------------------------- #
-# The record (benchmarks/records.py): the devices, figures, a Markdown table.
+# The record (common/records.py): the devices, figures, a Markdown table.
 # --------------------------------------------------------------------------- #
 
 

@@ -14,7 +14,7 @@ in float32 and int8 on the same parameters, converted with export.py's code
 parameters and tokenizer are used; otherwise freshly initialised ones (decoding cost does not
 depend on the values). With --profile_calls, this project's cached settings are also profiled
 (benchmarks/xla_profile.py, by decoding's buckets: the model's matmuls, the search's top-k and
-beam reordering, cache writes, ...), after the timed rounds. Writes a record (benchmarks/records.py).
+beam reordering, cache writes, ...), after the timed rounds. Writes a record (common/records.py).
 """
 
 import dataclasses
@@ -31,7 +31,8 @@ import numpy as np
 from absl import app, flags
 from ml_collections import config_flags
 
-from benchmarks import hlo_buckets, records, xla_profile
+from benchmarks import hlo_buckets, xla_profile
+from common import records
 from common.special_ids import BOS_ID, EOS_ID, PAD_ID
 from exporting import support
 from exporting.network import network_from_params

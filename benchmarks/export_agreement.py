@@ -20,7 +20,7 @@ search engines decode each budget's sentences apart, at that budget. Beam 4 runs
 length penalty, except Hugging Face, whose penalty divides by length ** alpha where this
 project and CTranslate2 use GNMT's ((5 + length) / 6) ** alpha: it is compared at alpha 0,
 against this project at alpha 0. Each engine uses the machine's cores (CTranslate2's and
-PyTorch's threads: the CPU count). Writes a record (benchmarks/records.py).
+PyTorch's threads: the CPU count). Writes a record (common/records.py).
 """
 
 import dataclasses
@@ -37,7 +37,7 @@ import torch
 import transformers
 from absl import app, flags
 
-from benchmarks import records
+from common import records
 from common.special_ids import EOS_ID, PAD_ID
 from exporting import exporter
 from input_pipeline.parallel_text import read_lines

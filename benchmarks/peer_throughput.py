@@ -74,8 +74,9 @@ import jax
 import ml_collections
 from absl import app, flags
 
-from benchmarks import records, step_variants, xla_profile
+from benchmarks import step_variants, xla_profile
 from benchmarks.config_r import ProjectStep, TorchStep, config_r, num_layers, random_batch
+from common import records
 from common.errors import UserInputError
 from models.build import make_model
 from training import flops, step_options

@@ -3,7 +3,7 @@ r"""The README's results table, generated from the records under docs/results/.
   python -m benchmarks.results_table           # rewrites the table in README.md
   python -m benchmarks.results_table --check   # exits 1 where README.md's table differs
 
-Each row of the table is one record (benchmarks/records.py): a measurement's figures, the
+Each row of the table is one record (common/records.py): a measurement's figures, the
 machine it ran on and a link to the record's page. A measurement run on several kinds of
 machine gives a row per machine. The table lies between the README's `results:begin` and
 `results:end` comments; nothing else in the README is touched.
@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 from absl import app, flags
 
-from benchmarks import records
+from common import records
 
 _CHECK = flags.DEFINE_bool("check", False, "Only compare: exit 1 where README.md's table is not the generated one.")
 

@@ -7,7 +7,7 @@ The step is benchmarks/config_r.py's `ProjectStep` (config R: the train step exa
 train.py builds it). After warm-up, `jax.profiler.trace` records `--steps` steps; every XLA
 instruction's time is summed over all threads (CPU time, so the shares add up however the
 cores split the work) and each instruction is put in one bucket by what it computes, read from
-the compiled module by benchmarks/hlo_buckets.py. Writes a record (benchmarks/records.py) with
+the compiled module by benchmarks/hlo_buckets.py. Writes a record (common/records.py) with
 the buckets' milliseconds per step and shares, the largest instructions, and the step's wall
 time outside the profiler; XLA_FLAGS is part of the record. The profile itself is
 benchmarks/xla_profile.py's.
@@ -20,7 +20,8 @@ import time
 import jax
 from absl import app, flags
 
-from benchmarks import config_r, records, xla_profile
+from benchmarks import config_r, xla_profile
+from common import records
 
 _DTYPE = flags.DEFINE_enum("dtype", "bfloat16", ["bfloat16", "float32"], "Compute dtype of the step.")
 _STEPS = flags.DEFINE_integer("steps", 20, "Profiled steps (after warm-up).")

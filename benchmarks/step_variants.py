@@ -14,9 +14,8 @@ import sys
 
 import ml_collections
 
-from benchmarks import records
+from common import records
 from configs import default, tiny
-from training import step_options
 
 DEFAULT_VARIANT = "default"
 # XLA flags that JAX's GPU performance guide (docs.jax.dev, "GPU performance tips") and NVIDIA's
@@ -63,7 +62,7 @@ def _literal(text: str):
 
 def with_variant(config: ml_collections.ConfigDict, variant: str) -> ml_collections.ConfigDict:
     """A copy of `config` with `variant`'s fields set; ValueError names a setting that is not `field=value` of a
-    field the config has (or a step option of training/step_options.py)."""
+    field the config has."""
     config = config.copy_and_resolve_references()
     if variant == DEFAULT_VARIANT:
         return config
@@ -75,9 +74,9 @@ def with_variant(config: ml_collections.ConfigDict, variant: str) -> ml_collecti
         node = config
         for parent in parents:
             node = node[parent]
-        if leaf not in node and (parents or leaf not in step_options.DEFAULTS):
+        if leaf not in node:
             raise ValueError(f"the config has no field {field!r}")
-        node[leaf] = _literal(value)  # A step option the config lacks is added (training/step_options.py).
+        node[leaf] = _literal(value)
     return config
 
 

@@ -7,7 +7,7 @@ Runs `train.py --config=CONFIG` as the README does, from an empty workdir and an
 compilation cache (data preparation, tokenizer, compilation, training and the test evaluation
 all counted). For translation it then evaluates the last checkpoint on the test split again
 with beam `--beam_size` and the config's length penalty (`--mode=eval`). Writes a record
-(benchmarks/records.py) named after the config and the CPU kind: wall time and peak RSS of
+(common/records.py) named after the config and the CPU kind: wall time and peak RSS of
 each command, the test scores (with their sacreBLEU signatures), what served the host's
 buffers (train.py's log), and a digest of the test outputs, which two runs of the same
 training share bit for bit. The environment passes through, LD_PRELOAD included.
@@ -26,7 +26,7 @@ import time
 from absl import app, flags
 from ml_collections import config_flags
 
-from benchmarks import records
+from common import records
 from common.workdir import Workdir
 
 _CONFIG = config_flags.DEFINE_config_file("config", "configs/quickstart.py", "The config file train.py trains.")

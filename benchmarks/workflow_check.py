@@ -25,7 +25,7 @@ after train need its workdir and are not run where it failed. An export whose pa
 exits 1 where any phase failed.
 
 `--config.FIELD=VALUE` flags go through to train.py, e.g. a few steps and a small eval for a
-test. After every phase the record (benchmarks/records.py) is written again: each phase's
+test. After every phase the record (common/records.py) is written again: each phase's
 command, wall time and exit status (for a failed one its `error:` line and the log's last
 lines), validation BLEU (`metrics/valid.jsonl`), the test scores after train and after beam
 (`eval/test/scores.json`), the translations, the attention check's differences and the device.
@@ -46,7 +46,7 @@ import time
 from absl import app, flags
 from ml_collections import config_flags
 
-from benchmarks import records
+from common import records
 from common.workdir import Workdir
 
 _CONFIG = config_flags.DEFINE_config_file("config", "configs/quickstart.py", "The config train.py trains.")

@@ -215,7 +215,7 @@ def test_a_command_that_runs_as_written_passes():
         "python train.py --config=configs/quickstart.py --workdir=w --mode=eval --nosave_average",
         "echo 'a b' | python translate.py --workdir=runs/x --beam_size=4 > out.txt",
         "python train.py --config=configs/sweeps/table3.py:heads_1 --config.seed=1 --workdir=w --config.model.d_ff=8",
-        "python -m benchmarks.step_profile --software_note=why",  # A flag of benchmarks/records.py.
+        "python -m benchmarks.step_profile --software_note=why",  # A flag of common/records.py.
     ):
         (environment, arguments), *_ = _python_invocations(command)
         assert not _problems(environment, arguments), command

@@ -1,7 +1,7 @@
 """Figures are records: the README's results table comes from docs/results/, and no prose cites a commit or a date.
 
 The records under docs/results/ carry the command, machine, software, date and commit of each
-measurement (benchmarks/records.py), and each is what its command wrote at a clean commit with
+measurement (common/records.py), and each is what its command wrote at a clean commit with
 software within pyproject.toml's pins (or a note saying why not); the README and docs link them
 instead of copying figures, and the code says why, not when.
 """
@@ -19,7 +19,8 @@ from conftest import REPO_ROOT
 from packaging.requirements import Requirement  # pytest's dependency: the judge of records.py's reading of pins.
 from packaging.utils import canonicalize_name
 
-from benchmarks import records, results_table
+from benchmarks import results_table
+from common import records
 
 # A commit hash as prose cites one: 7 to 40 hex digits, at least one letter and one digit.
 _COMMIT = re.compile(r"\b(?=[0-9a-f]*[a-f])(?=[0-9a-f]*[0-9])[0-9a-f]{7,40}\b")
@@ -197,9 +198,9 @@ def test_the_checks_catch_what_they_look_for():
 
 
 def test_a_record_keeps_the_software_note_its_command_was_given():
-    """Every script that writes records takes --software_note, through benchmarks/records.py."""
+    """Every script that writes records takes --software_note, through common/records.py."""
     script = (
-        "import sys; from absl import flags; from benchmarks import records; flags.FLAGS(sys.argv); "
+        "import sys; from absl import flags; from common import records; flags.FLAGS(sys.argv); "
         "print(records.new('m', figures={'a': 1})['software_note'])"
     )
     run = subprocess.run(

@@ -128,11 +128,3 @@ def test_a_cheaper_prng_trains_deterministically_and_keeps_the_checkpointed_key(
 def test_options_that_cannot_work_are_refused_naming_the_field(overrides, message):
     with pytest.raises(UserInputError, match=message):
         step_options.check_step_options(tiny_config(**overrides))
-
-
-def test_a_config_without_the_options_gets_the_defaults():
-    config = tiny_config()
-    assert "prng_impl" not in config and "loss_chunks" not in config
-    assert step_options.option(config, "prng_impl") == "threefry2x32"
-    assert step_options.option(config, "loss_chunks") == 1
-    step_options.check_step_options(config)
