@@ -33,6 +33,9 @@ _BEAM_SIZE = flags.DEFINE_integer("beam_size", None, "Beam size; 1 is greedy (de
 _LENGTH_PENALTY = flags.DEFINE_float("length_penalty", None, "GNMT length penalty alpha for beam search.")
 _TEMPERATURE = flags.DEFINE_float("temperature", None, "> 0 samples each token at this temperature.")
 _TOP_K = flags.DEFINE_integer("top_k", None, "With --temperature: sample among the k most likely tokens.")
+_DTYPE = flags.DEFINE_enum(
+    "dtype", None, ["auto", "float32", "bfloat16"], "Matmul dtype to decode with (default: the run's model.dtype)."
+)
 _ATTENTION_MAPS = flags.DEFINE_string(
     "attention_maps",
     None,
@@ -47,7 +50,7 @@ flags.mark_flags_as_required(["workdir"])
 
 
 def _decoding_config(config):
-    """config.eval with the decoding flags that were given applied, validated."""
+    """The config with the decoding flags given applied (to config.eval; --dtype to model.dtype), validated."""
     from training.config_checks import validate_config  # pylint: disable=g-import-not-at-top
 
     overrides = {
@@ -60,6 +63,8 @@ def _decoding_config(config):
     for name, value in overrides.items():
         if value is not None:
             config.eval[name] = value
+    if _DTYPE.value is not None:
+        config.model.dtype = _DTYPE.value
     validate_config(config)
     return config
 

@@ -15,6 +15,18 @@ parameters and tokenizer are used; otherwise freshly initialised ones (decoding 
 depend on the values). With --profile_calls, this project's cached settings are also profiled
 (benchmarks/xla_profile.py, by decoding's buckets: the model's matmuls, the search's top-k and
 beam reordering, cache writes, ...), after the timed rounds. Writes a record (common/records.py).
+
+  python -m benchmarks.decode_speed --workdir=runs/quickstart --test_set    # the whole test split
+
+With --test_set, it decodes the whole test split instead, as translate.py and evaluation do
+(`inference.translate_lines`: each sentence with its own budget, the run's batches), greedy and
+with beam 4 at the run's alpha, in this project's 'auto' and float32 dtypes, beside CTranslate2
+float32 and int8 on the run exported with export.py's code (--ct2_batch_size sentences a batch, the
+machine's cores as threads; greedy at the one budget `max_decode_length`, beam search at each
+sentence's budget, as benchmarks/export_agreement.py runs it), alternating in rounds; it reports
+output subwords per second (with `</s>`) and BLEU of each. Then it times whole processes on the
+same lines, start to end (import, load, compile, decode, write): translate.py against a
+CTranslate2 script that loads the export and translates the file (--whole_processes).
 """
 
 import dataclasses
@@ -31,7 +43,7 @@ import numpy as np
 from absl import app, flags
 from ml_collections import config_flags
 
-from benchmarks import hlo_buckets, xla_profile
+from benchmarks import hlo_buckets, test_set_speed, xla_profile
 from common import records
 from common.special_ids import BOS_ID, EOS_ID, PAD_ID
 from exporting import support
@@ -62,6 +74,11 @@ _PROFILE_CALLS = flags.DEFINE_integer(
     "profile_calls", 0, "Batches to profile with each of this project's cached settings (0: no profile)."
 )
 _OUTPUT = flags.DEFINE_string("output", "", "Record path without suffix (default: decode_speed_<cpu kind>).")
+_TEST_SET = flags.DEFINE_bool("test_set", False, "Decode the whole test split (needs --workdir); see above.")
+_SOURCES = flags.DEFINE_string("sources", "data/libreoffice_help_en_de/test.en.gz", "--test_set's sources.")
+_REFERENCES = flags.DEFINE_string("references", "data/libreoffice_help_en_de/test.de.gz", "--test_set's references.")
+_CT2_BATCH_SIZE = flags.DEFINE_integer("ct2_batch_size", 32, "--test_set: CTranslate2's sentences a batch.")
+_WHOLE_PROCESSES = flags.DEFINE_bool("whole_processes", True, "--test_set: also time whole processes.")
 
 _NEVER = -1  # An <eos> id no token has: every hypothesis runs to --length.
 
@@ -147,6 +164,20 @@ def _ctranslate2_translators(model, params, tokenizer, scratch: str) -> dict:
 
 def main(argv):
     del argv
+    if _TEST_SET.value:
+        if not _WORKDIR.value:
+            raise app.UsageError("--test_set needs --workdir: a trained run to translate with.")
+        return test_set_speed.main(
+            _WORKDIR.value,
+            sources=_SOURCES.value,
+            references=_REFERENCES.value,
+            dtypes=_DTYPES.value,
+            beam_sizes=[int(b) for b in _BEAM_SIZES.value],
+            rounds=_ROUNDS.value,
+            ct2_batch_size=_CT2_BATCH_SIZE.value,
+            whole_processes=_WHOLE_PROCESSES.value,
+            output=_OUTPUT.value,
+        )
     config = _CONFIG.value
     host_memory.set_up()  # As train.py runs.
     quiet_library_logs()

@@ -11,6 +11,7 @@ Outputs are [batch, max_length] int32 ids, each row ending at its first <eos>
 own source, at most `max_length`) without <eos> is returned as it is.
 """
 
+import functools
 from typing import Any
 
 import jax
@@ -41,8 +42,8 @@ def _merge_cache(self_part: DecoderCache, cross_part: DecoderCache) -> DecoderCa
 
 def model_next_token_logits(
     model: Transformer, params: Any, inputs: Array, max_length: int, *, use_cache: bool, copies: int = 1
-) -> tuple[NextTokenLogits, Any]:
-    """The model as a `NextTokenLogits` function, and its initial state.
+) -> tuple[NextTokenLogits, Any, Any]:
+    """The model as a `NextTokenLogits` function, with its initial state and context.
 
     Args:
         model: the Transformer.
@@ -54,32 +55,52 @@ def model_next_token_logits(
         copies: hypotheses per source (the beam size): the function's rows are
             batch * copies, the copies of source b being rows b * copies + j. The
             encoder still runs once per source.
+
+    Returns:
+        (next_token_logits, state: the self-attention cache, context: the sources and
+        their encodings or cross-attention keys and values), state and context with
+        batch * copies rows.
     """
     variables = {'params': params}
     encoded = model.apply(variables, inputs, method=Transformer.encode, deterministic=True)
     encoded, inputs = (jnp.repeat(x, copies, axis=0) for x in (encoded, inputs))
     if not use_cache:
 
-        def uncached_logits(position, tokens, state):
+        def uncached_logits(positions, tokens, state, context):
             logits = model.apply(
-                variables, encoded, inputs, tokens[:, :-1], method=Transformer.decode, deterministic=True
+                variables,
+                context['encoded'],
+                context['inputs'],
+                tokens[:, :-1],
+                method=Transformer.decode,
+                deterministic=True,
             )
-            return jax.lax.dynamic_index_in_dim(logits, position, axis=1, keepdims=False), state
+            return jnp.take_along_axis(logits, positions[:, None, None], axis=1)[:, 0], state
 
-        return uncached_logits, ()
+        return uncached_logits, (), {'encoded': encoded, 'inputs': inputs}
 
     self_cache, cross_cache = _split_cache(model.apply(variables, encoded, max_length, method=Transformer.init_cache))
 
-    def cached_logits(position, tokens, self_cache):
-        last = jax.lax.dynamic_slice_in_dim(tokens, position, 1, axis=1)  # [rows, 1]
-        cache = _merge_cache(self_cache, cross_cache)
-        logits, cache = model.apply(variables, inputs, last, position, cache, method=Transformer.decode_step)
-        return logits, _split_cache(cache)[0]
-
-    return cached_logits, self_cache
+    next_token_logits = functools.partial(cached_next_token_logits, model, params)
+    return next_token_logits, self_cache, {'inputs': inputs, 'cross': cross_cache}
 
 
-def _is_filler(inputs: Array, pad_id: int) -> Array:
+def cached_next_token_logits(
+    model: Transformer, params: Any, positions: Array, tokens: Array, self_cache: DecoderCache, context: dict
+) -> tuple[Array, DecoderCache]:
+    """`NextTokenLogits` of the model with a key/value cache: one decoder step of each row at its position.
+
+    context: {'inputs': [rows, src_len] source ids, 'cross': the cross-attention part of the cache}.
+    """
+    last = jnp.take_along_axis(tokens, positions[:, None], axis=1)  # [rows, 1]
+    cache = _merge_cache(self_cache, context['cross'])
+    logits, cache = model.apply(
+        {'params': params}, context['inputs'], last, positions, cache, method=Transformer.decode_step
+    )
+    return logits, _split_cache(cache)[0]
+
+
+def is_filler(inputs: Array, pad_id: int) -> Array:
     """[batch] True for all-padding rows (batches are padded to a fixed size with them)."""
     return jnp.all(inputs == pad_id, axis=1)
 
@@ -117,18 +138,19 @@ def generate(
     Returns:
         [batch, max_length] int32 output ids.
     """
-    next_token_logits, state = model_next_token_logits(model, params, inputs, max_length, use_cache=use_cache)
+    next_token_logits, state, context = model_next_token_logits(model, params, inputs, max_length, use_cache=use_cache)
     return search_loop(
         next_token_logits,
         choose_token,
         state,
-        _is_filler(inputs, pad_id),
+        is_filler(inputs, pad_id),
         jax.random.PRNGKey(0) if rng is None else rng,
         max_length=max_length,
         bos_id=bos_id,
         eos_id=eos_id,
         pad_id=pad_id,
         budgets=budgets,
+        context=context,
     )
 
 
@@ -162,13 +184,13 @@ def beam_search(
         return_all, ([batch, beam_size, max_length] hypotheses best first,
         [batch, beam_size] scores) instead.
     """
-    next_token_logits, state = model_next_token_logits(
+    next_token_logits, state, context = model_next_token_logits(
         model, params, inputs, max_length, use_cache=use_cache, copies=beam_size
     )
     tokens, scores = beam_search_loop(
         next_token_logits,
         state,
-        _is_filler(inputs, pad_id),
+        is_filler(inputs, pad_id),
         beam_size=beam_size,
         alpha=alpha,
         max_length=max_length,
@@ -176,6 +198,7 @@ def beam_search(
         eos_id=eos_id,
         pad_id=pad_id,
         budgets=budgets,
+        context=context,
     )
     return (tokens, scores) if return_all else tokens[:, 0]
 

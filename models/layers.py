@@ -12,7 +12,6 @@ from collections.abc import Callable
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-from jax import lax
 
 from models.attention import MultiHeadAttention
 from models.config import TransformerConfig
@@ -223,42 +222,41 @@ class DecoderLayer(nn.Module):
         }
 
     def decode_step(
-        self, x: Array, cache: LayerCache, position: Array, cross_attention_mask: Array
+        self, x: Array, cache: LayerCache, positions: Array, cross_attention_mask: Array
     ) -> tuple[Array, LayerCache]:
-        """Runs the layer for one new target position, reading and extending `cache`.
+        """Runs the layer for one new target position of each row, reading and extending `cache`.
 
         Args:
-            x: [batch, 1, d_model] decoder stream at `position`.
+            x: [batch, 1, d_model] decoder stream at each row's position.
             cache: from `init_cache` or the previous step.
-            position: [] int32, the index of this position (earlier ones are cached).
+            positions: [batch] int32, the index of each row's new position (earlier ones are cached).
             cross_attention_mask: broadcastable to [batch, 1, 1, src_len].
 
         Returns:
-            The layer output [batch, 1, d_model] and the cache with this position's
-            self-attention key and value written in.
+            The layer output [batch, 1, d_model] and the cache with each row's new
+            self-attention key and value written at its position.
         """
         new_cache = dict(cache)
-        # This step's query and its new key sit at `position`; the cache's slots hold 0 .. max_length - 1.
-        query_positions = jnp.full((1, 1), position, jnp.int32)
-        key_positions = jnp.arange(cache['self_key'].shape[1], dtype=jnp.int32)[None]
+        # Each row's query and new key sit at its position; the cache's slots hold 0 .. max_length - 1.
+        query_positions = positions[:, None]
+        slots = jnp.arange(cache['self_key'].shape[1], dtype=jnp.int32)
+        rows = jnp.arange(x.shape[0])
 
         def self_attend(h: Array) -> Array:
             key, value = self.self_attention.project_key_value(h, query_positions)  # [batch, 1, heads, d_k or d_v]
             for name, new in (('self_key', key), ('self_value', value)):
-                new_cache[name] = lax.dynamic_update_slice_in_dim(
-                    cache[name], new.astype(cache[name].dtype), position, axis=1
-                )
-            # Slots after `position` are still empty; the causal mask hides them.
-            visible = jnp.arange(cache['self_key'].shape[1]) <= position
+                new_cache[name] = cache[name].at[rows, positions].set(new[:, 0].astype(cache[name].dtype))
+            # Slots after a row's position are empty (or left by an earlier sentence): the causal mask hides them.
+            visible = slots[None, :] <= query_positions  # [batch, max_length]
             # One query a step: the explicit formula (fused kernels gain nothing at q_len 1).
             return self.self_attention.attend(
                 h,
                 new_cache['self_key'],
                 new_cache['self_value'],
-                visible[None, None, None, :],
+                visible[:, None, None, :],
                 deterministic=True,
                 query_positions=query_positions,
-                key_positions=key_positions,
+                key_positions=slots[None],
                 implementation='explicit',
             )
 

@@ -205,20 +205,21 @@ class Decoder(nn.Module):
     def decode_step(
         self, inputs: Array, decoder_input: Array, position: Array, cache: DecoderCache
     ) -> tuple[Array, DecoderCache]:
-        """Hidden state [batch, 1, d_model] of one new position, and the extended cache.
+        """Hidden state [batch, 1, d_model] of one new position of each row, and the extended cache.
 
         Args:
             inputs: [batch, src_len] source ids, for the source padding mask.
-            decoder_input: [batch, 1] the id at `position` (bos at position 0).
-            position: [] int32.
+            decoder_input: [batch, 1] the id at each row's position (bos at position 0).
+            position: [] or [batch] int32, the position of every row or of each.
             cache: from `init_cache` or the previous step.
         """
-        x = self._embed(decoder_input, offset=position, deterministic=True)
+        positions = jnp.broadcast_to(jnp.asarray(position, jnp.int32), (decoder_input.shape[0],))
+        x = self._embed(decoder_input, positions=positions[:, None], deterministic=True)
         cross_attention_mask = self._cross_attention_mask(inputs, 1)
         new_cache = {}
         for i, layer in enumerate(self.layers):
             name = f'layers_{i}'
-            x, new_cache[name] = layer.decode_step(x, cache[name], position, cross_attention_mask)
+            x, new_cache[name] = layer.decode_step(x, cache[name], positions, cross_attention_mask)
         return self._final(x), new_cache
 
 
@@ -308,8 +309,8 @@ class Transformer(nn.Module):
 
         Args:
             inputs: [batch, src_len] source ids, for the source padding mask.
-            decoder_input: [batch, 1] the id at `position` (bos_id at position 0).
-            position: [] int32.
+            decoder_input: [batch, 1] the id at each row's position (bos_id at position 0).
+            position: [] or [batch] int32: rows may be at different positions.
             cache: from `init_cache` or the previous step.
         """
         hidden, cache = self.decoder.decode_step(inputs, decoder_input, position, cache)

@@ -14,7 +14,15 @@ from tolerances import FLOAT32_EPS, rounding_tolerance, transformer_operations
 
 from models import Transformer
 from models.decoding import beam_search, decode_length, generate
-from models.search import NEG_INF, argmax_token, beam_search_loop, length_penalty, sampled_token, search_loop
+from models.search import (
+    NEG_INF,
+    argmax_token,
+    beam_search_loop,
+    length_penalty,
+    sampled_token,
+    search_loop,
+    top_extensions,
+)
 
 BOS, EOS, PAD = 2, 3, 0
 
@@ -92,9 +100,8 @@ def _scripted_model(probabilities_by_step):
             table[step, token] = np.log(p)
     table = jnp.asarray(table)
 
-    def next_token_logits(position, tokens, state):
-        row = table[jnp.minimum(position, table.shape[0] - 1)]
-        return jnp.broadcast_to(row, (tokens.shape[0], row.shape[0])), state
+    def next_token_logits(positions, tokens, state, context):
+        return table[jnp.minimum(positions, table.shape[0] - 1)], state
 
     return next_token_logits
 
@@ -113,8 +120,8 @@ def test_search_loop_stops_at_eos_and_pads_after_it():
     # Row 0 says 5, 6, <eos>, then would go on with 7; row 1 never ends.
     script = jnp.array([[5, 6, EOS, 7, 7, 7], [8, 9, 10, 11, 12, 13]])
 
-    def next_token_logits(position, tokens, state):
-        return jax.nn.one_hot(script[:, position], 20) * 10.0, state
+    def next_token_logits(positions, tokens, state, context):
+        return jax.nn.one_hot(jnp.take_along_axis(script, positions[:, None], axis=1)[:, 0], 20) * 10.0, state
 
     np.testing.assert_array_equal(_search(next_token_logits), [[5, 6, EOS, PAD, PAD, PAD], [8, 9, 10, 11, 12, 13]])
 
@@ -122,9 +129,9 @@ def test_search_loop_stops_at_eos_and_pads_after_it():
 def test_search_loop_exits_early_once_every_row_has_finished():
     steps_run = []
 
-    def next_token_logits(position, tokens, state):
-        jax.debug.callback(lambda p: steps_run.append(int(p)), position)
-        return _scripted_model({0: {5: 0.9}, 1: {EOS: 0.9}})(position, tokens, state)
+    def next_token_logits(positions, tokens, state, context):
+        jax.debug.callback(lambda p: steps_run.append(int(p[0])), positions)
+        return _scripted_model({0: {5: 0.9}, 1: {EOS: 0.9}})(positions, tokens, state, context)
 
     out = search_loop(
         next_token_logits, argmax_token, (), jnp.zeros(2, bool), jax.random.PRNGKey(0), max_length=8, **_IDS
@@ -229,9 +236,9 @@ def test_beam_search_exits_early_and_pads_after_eos():
     steps_run = []
     scripted = _scripted_model({0: {5: 0.6, 6: 0.4}, 1: {EOS: 0.9, 7: 0.1}})
 
-    def next_token_logits(position, tokens, state):
-        jax.debug.callback(lambda p: steps_run.append(int(p)), position)
-        return scripted(position, tokens, state)
+    def next_token_logits(positions, tokens, state, context):
+        jax.debug.callback(lambda p: steps_run.append(int(p[0])), positions)
+        return scripted(positions, tokens, state, context)
 
     tokens, _ = beam_search_loop(
         next_token_logits, (), jnp.zeros(1, bool), beam_size=2, alpha=0.6, max_length=12, **_IDS
@@ -335,8 +342,8 @@ def _markov_model(vocab_size=12, seed=0):
     table[:, EOS] -= 3.0
     table = jnp.asarray(table)
 
-    def next_token_logits(position, tokens, state):
-        return table[jax.lax.dynamic_index_in_dim(tokens, position, axis=1, keepdims=False)], state
+    def next_token_logits(positions, tokens, state, context):
+        return table[jnp.take_along_axis(tokens, positions[:, None], axis=1)[:, 0]], state
 
     return next_token_logits
 
@@ -372,3 +379,17 @@ def test_a_rows_output_depends_on_its_budget_not_on_the_batchs_length(search):
     assert [np.count_nonzero(row != PAD) for row in together] == budgets.tolist()  # Each used its whole budget.
     unlimited = np.asarray(decode(1, 10))[0]
     assert EOS not in unlimited[:3] and unlimited[3] != PAD  # The budget cut row 0, or the test shows nothing.
+
+
+def test_top_extensions_equal_the_top_k_of_every_log_probability():
+    """The n best of live log P + log_softmax over all beams and tokens, ties (repeated logits) included."""
+    rng = np.random.default_rng(0)
+    batch, beams, vocab_size, n = 3, 4, 50, 8
+    logits = jnp.asarray(rng.integers(-20, 20, (batch, beams, vocab_size)) / 4.0, jnp.float32)  # Many ties.
+    live = jnp.asarray([[0.0, -1.5, NEG_INF, NEG_INF], [0.0, -0.25, -0.25, -3.0], [-2.0, -2.0, -2.0, -2.0]])
+    candidates = (live[:, :, None] + jax.nn.log_softmax(logits)).reshape(batch, beams * vocab_size)
+    expected_log_probs, flat = jax.lax.top_k(candidates, n)
+    log_probs, parent, token = jax.jit(top_extensions, static_argnums=2)(logits, live, n)
+    np.testing.assert_array_equal(log_probs, expected_log_probs)
+    np.testing.assert_array_equal(parent, flat // vocab_size)
+    np.testing.assert_array_equal(token, flat % vocab_size)

@@ -32,6 +32,7 @@ def eval_setup(config, model, tokenizer, mesh) -> translation_eval.EvalSetup:
     return translation_eval.EvalSetup(
         eval_fn=jax.jit(functools.partial(eval_step, model=model)),
         decode_fn=translation_eval.make_decode_fn(model, config.eval),
+        row_decoder=translation_eval.make_row_decoder(model, config.eval),
         mesh=mesh,
         tokenizer=tokenizer,
         boundaries=tuple(config.dataset.bucket_boundaries),

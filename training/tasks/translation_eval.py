@@ -2,8 +2,9 @@
 
 import dataclasses
 import functools
+import itertools
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import jax
 import ml_collections
@@ -18,7 +19,7 @@ from common.mesh_axes import LogicalRules
 from common.special_ids import BOS_ID, EOS_ID, PAD_ID
 from input_pipeline import batching
 from input_pipeline.datasets import TextPairs
-from models import Transformer
+from models import Transformer, refill
 from models.decoding import beam_search, decode_length, generate
 from models.search import argmax_token, sampled_token
 from training.reporting.scores import nulls_for_nonfinite, write_scores
@@ -26,6 +27,19 @@ from training.runtime.sharding import process_rows, shard_batch
 
 EvalFn = Callable  # (params, batch) -> {'nll', 'correct', 'tokens'} sums
 DecodeFn = Callable  # (params, inputs, budgets, rng, max_length=) -> [batch, max_length] ids
+
+
+def make_row_decoder(model: Transformer, eval_config: ml_collections.ConfigDict) -> refill.RowDecoder | None:
+    """Greedy or beam search over rows refilled as sentences finish (models/refill.py); None for sampling.
+
+    Sampling draws step i of batch b from fold_in(fold_in(seed, b), i): it decodes batch by batch.
+    """
+    special = dict(bos_id=BOS_ID, eos_id=EOS_ID, pad_id=PAD_ID)
+    if eval_config.temperature > 0:
+        return None
+    if eval_config.beam_size > 1:
+        return refill.beam_decoder(model, beam_size=eval_config.beam_size, alpha=eval_config.length_penalty, **special)
+    return refill.greedy_decoder(model, **special)
 
 
 def make_decode_fn(model: Transformer, eval_config: ml_collections.ConfigDict) -> DecodeFn:
@@ -66,6 +80,7 @@ class EvalSetup:
     rules: LogicalRules  # How batches are split over the mesh (config.mesh.rules), as `batch_sizes` were sized.
     max_decode_length: int
     decoding: str = "greedy"  # As `describe_decoding` puts it.
+    row_decoder: refill.RowDecoder | None = None  # Greedy and beam search refill rows; None: batch by batch.
     seed: int = 0  # Sampling's randomness: batch i uses fold_in(PRNGKey(seed), i).
 
     def batches(self, pairs: batching.ParallelIds):
@@ -93,27 +108,53 @@ def loss_metrics(setup: EvalSetup, params, pairs: batching.ParallelIds) -> dict[
 def translate_ids(setup: EvalSetup, params, sources: batching.RaggedIds) -> list[list[int]]:
     """Output ids of every source, in their order, each cut before its first <eos>.
 
-    Sources are batched by their own length; those longer than the last bucket are
-    cut to it, keeping their <eos> (callers warn). Each output has the budget of its own
-    source (`decode_length`), whatever batch it is in. An empty source (only <eos>) is
-    not decoded: its output is empty. Every process gets every output.
+    Sources are batched by their own length, shortest first; those longer than the last bucket
+    are cut to it, keeping their <eos> (callers warn). Each output has the budget of its own
+    source (`decode_length`), whatever batch it is in. An empty source (only <eos>) is not
+    decoded: its output is empty. Every process gets every output.
     """
     outputs = [[] for _ in range(len(sources))]
     nonempty = np.flatnonzero(sources.lengths > 1)
-    base_rng = jax.random.PRNGKey(setup.seed)
     rows = functools.partial(process_rows, mesh=setup.mesh, rules=setup.rules)
     batches = batching.source_batches(sources.select(nonempty), setup.boundaries, setup.batch_sizes, rows)
-    for batch_index, (inputs, indices) in enumerate(batches):
-        max_length = decode_length(inputs.shape[1], setup.max_decode_length)  # The longest source's budget.
-        budgets = decode_length(np.sum(inputs != PAD_ID, axis=1), setup.max_decode_length)
-        sharded = shard_batch({"inputs": inputs, "budgets": budgets}, setup.mesh, setup.rules)
-        rng = jax.random.fold_in(base_rng, batch_index)
-        decoded = setup.decode_fn(params, sharded["inputs"], sharded["budgets"], rng, max_length=max_length)
-        decoded = multihost_utils.process_allgather(decoded, tiled=True)  # [batch, max_length] on every process.
-        for row, index in enumerate(indices):
-            ids = decoded[row].tolist()
-            outputs[nonempty[index]] = ids[: ids.index(EOS_ID)] if EOS_ID in ids else ids
+    for index, ids in _decoded(setup, params, batches):
+        ids = ids.tolist()
+        outputs[nonempty[index]] = ids[: ids.index(EOS_ID)] if EOS_ID in ids else ids
     return outputs
+
+
+def _decoded(setup: EvalSetup, params, batches) -> Iterator[tuple[int, np.ndarray]]:
+    """(source index, output ids) of every source of `batches`, in no particular order."""
+
+    def with_budgets(batches):
+        for inputs, indices in batches:
+            yield inputs, decode_length(np.sum(inputs != PAD_ID, axis=1), setup.max_decode_length), indices
+
+    def place(inputs, budgets):
+        sharded = shard_batch({"inputs": inputs, "budgets": budgets}, setup.mesh, setup.rules)
+        return sharded["inputs"], sharded["budgets"]
+
+    def fetch(array):
+        return np.asarray(multihost_utils.process_allgather(array, tiled=True))
+
+    if setup.row_decoder is not None:
+        # One set of rows a bucket: its batches share their shapes.
+        for length, bucket in itertools.groupby(with_budgets(batches), key=lambda batch: batch[0].shape[1]):
+            yield from refill.decode_batches(
+                setup.row_decoder,
+                params,
+                bucket,
+                max_length=decode_length(length, setup.max_decode_length),  # The longest source's budget.
+                place=place,
+                fetch=fetch,
+            )
+        return
+    base_rng = jax.random.PRNGKey(setup.seed)
+    for batch_index, (inputs, budgets, indices) in enumerate(with_budgets(batches)):
+        rng = jax.random.fold_in(base_rng, batch_index)
+        max_length = decode_length(inputs.shape[1], setup.max_decode_length)
+        decoded = fetch(setup.decode_fn(params, *place(inputs, budgets), rng, max_length=max_length))
+        yield from zip(indices, decoded[: len(indices)])
 
 
 def translate(setup: EvalSetup, params, pairs: batching.ParallelIds) -> list[str]:

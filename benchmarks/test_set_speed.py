@@ -1,0 +1,215 @@
+"""Decoding a whole test split: this project beside CTranslate2, in one process and as whole processes.
+
+`python -m benchmarks.decode_speed --workdir=runs/quickstart --test_set` runs it (see there).
+"""
+
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+import sacrebleu
+import sentencepiece
+from absl import logging
+
+from benchmarks import records
+from exporting import exporter
+from input_pipeline.parallel_text import read_lines
+from models.decoding import decode_length
+from training import inference
+from training.config_checks import validate_config
+from training.tasks import translation
+
+# A user's CTranslate2 translation of a file: load the export, translate every line, write.
+_CTRANSLATE2_SCRIPT = """
+import os, sys
+import ctranslate2, sentencepiece
+folder, source, target, beam_size, alpha, max_length, batch_size = sys.argv[1:]
+sp = sentencepiece.SentencePieceProcessor(model_file=os.path.join(folder, "sentencepiece.model"))
+translator = ctranslate2.Translator(folder, device="cpu", intra_threads=os.cpu_count())
+with open(source, encoding="utf-8") as f:
+    lines = f.read().split("\\n")[:-1]
+results = translator.translate_batch(
+    [sp.encode(line, out_type=str) for line in lines], beam_size=int(beam_size), length_penalty=float(alpha),
+    max_decoding_length=int(max_length), max_batch_size=int(batch_size))
+with open(target, "w", encoding="utf-8") as f:
+    f.writelines(sp.decode_pieces(result.hypotheses[0]) + "\\n" for result in results)
+"""
+
+
+def _ours(workdir: str, dtype: str, beam_size: int, alpha: float, lines: list[str]):
+    """A call that translates `lines` as translate.py does, with the run's latest parameters."""
+    config = inference.load_config(workdir).copy_and_resolve_references()
+    config.model.dtype = dtype
+    config.eval.beam_size, config.eval.length_penalty = beam_size, alpha
+    validate_config(config)
+    trained = inference.load_trained_model(config, workdir)
+    setup = translation.eval_setup(config, trained.model, trained.tokenizer, trained.mesh)
+    return lambda: inference.translate_lines(setup, trained.params, lines, config.dataset.max_length)
+
+
+def _ctranslate2(
+    folder: str, lines: list[str], beam_size: int, alpha: float, budgets: list[int], max_source: int, batch_size: int
+):
+    """A call that translates `lines` with CTranslate2: greedy at the largest budget, cut to each line's
+    (a greedy output's first n tokens do not depend on how many follow); beam search at each line's."""
+    import ctranslate2  # pylint: disable=g-import-not-at-top  (the export extra)
+
+    sp = sentencepiece.SentencePieceProcessor(model_file=os.path.join(folder, "sentencepiece.model"))
+    translator = ctranslate2.Translator(folder, device="cpu", intra_threads=os.cpu_count())
+    pieces = [sp.encode(line.strip(), out_type=str)[: max_source - 1] for line in lines]  # CTranslate2 adds </s>.
+    groups = {}
+    for i, budget in enumerate(budgets):
+        groups.setdefault(max(budgets) if beam_size == 1 else budget, []).append(i)
+
+    def translate():
+        outputs = [""] * len(lines)
+        for budget, indices in groups.items():
+            results = translator.translate_batch(
+                [pieces[i] for i in indices],
+                beam_size=beam_size,
+                length_penalty=alpha,
+                max_decoding_length=budget,
+                max_batch_size=batch_size,
+            )
+            for i, result in zip(indices, results):
+                outputs[i] = sp.decode_pieces(result.hypotheses[0][: budgets[i]])
+        return outputs
+
+    return translate
+
+
+def _whole_process(command: list[str]) -> float:
+    start = time.perf_counter()
+    subprocess.run(command, check=True, capture_output=True)
+    return time.perf_counter() - start
+
+
+def main(
+    workdir: str,
+    *,
+    sources: str,
+    references: str,
+    dtypes: list[str],
+    beam_sizes: list[int],
+    rounds: int,
+    ct2_batch_size: int,
+    whole_processes: bool,
+    output: str,
+) -> None:
+    measured_source = records.source()
+    lines, reference_lines = list(read_lines(sources)), list(read_lines(references))
+    config = inference.load_config(workdir)
+    alpha, max_source = config.eval.length_penalty, config.dataset.max_length
+    sp = sentencepiece.SentencePieceProcessor(model_file=os.path.join(workdir, "tokenizer.model"))
+    lengths = [min(len(sp.encode(line.strip())) + 1, max_source) for line in lines]  # As translate.py cuts them.
+    budgets = decode_length(np.array(lengths), config.eval.max_decode_length).tolist()
+    rows, processes = [], []
+    with tempfile.TemporaryDirectory() as scratch:
+        folders = {}
+        for weights, quantization in (("float32", None), ("int8", "int8")):
+            folders[weights] = os.path.join(scratch, weights)
+            exporter.export_run(workdir, "ctranslate2", folders[weights], quantization=quantization)
+        for beam_size in beam_sizes:
+            engines = {f"this project, {dtype}": _ours(workdir, dtype, beam_size, alpha, lines) for dtype in dtypes}
+            for weights, folder in folders.items():
+                engines[f"CTranslate2, {weights}"] = _ctranslate2(
+                    folder, lines, beam_size, alpha, budgets, max_source, ct2_batch_size
+                )
+            seconds = {engine: [] for engine in engines}
+            translations = {}
+            for _ in range(1 + rounds):  # The first round compiles this project's buckets.
+                for engine, translate in engines.items():
+                    start = time.perf_counter()
+                    translations[engine] = translate()
+                    seconds[engine].append(time.perf_counter() - start)
+            for engine, (first, *timed) in seconds.items():
+                subwords = sum(len(sp.encode(line)) + 1 for line in translations[engine])  # With </s>.
+                median = statistics.median(timed)
+                rows.append(
+                    {
+                        "engine": engine,
+                        "beam_size": beam_size,
+                        "first_call_seconds": first,
+                        "seconds": median,
+                        "seconds_all": timed,
+                        "output_subwords": subwords,
+                        "output_subwords_per_second": subwords / median,
+                        "bleu": sacrebleu.BLEU().corpus_score(translations[engine], [reference_lines]).score,
+                    }
+                )
+                logging.info("%s, beam %d: %.1f s, BLEU %.2f", engine, beam_size, median, rows[-1]["bleu"])
+            if whole_processes:
+                processes += _time_processes(
+                    workdir, folders, lines, beam_size, alpha, config, scratch, ct2_batch_size, dtypes
+                )
+    _write(rows, processes, lines, rounds, ct2_batch_size, measured_source, workdir, output)
+
+
+def _time_processes(workdir, folders, lines, beam_size, alpha, config, scratch, ct2_batch_size, dtypes) -> list[dict]:
+    """Seconds of whole processes translating `lines` into a file: translate.py in each of `dtypes`
+    and the CTranslate2 script, float32 and int8."""
+    source = os.path.join(scratch, "source.txt")
+    with open(source, "w", encoding="utf-8") as f:
+        f.writelines(line + "\n" for line in lines)
+    target = os.path.join(scratch, "target.txt")
+    translate_py = [sys.executable, os.path.join(records.REPO_ROOT, "translate.py"), f"--workdir={workdir}"]
+    translate_py += [f"--beam_size={beam_size}", f"--length_penalty={alpha}", f"--input={source}", f"--output={target}"]
+    commands = {f"translate.py, {dtype}": [*translate_py, f"--dtype={dtype}"] for dtype in dtypes}
+    for weights, folder in folders.items():
+        commands[f"CTranslate2 script, {weights}"] = [
+            sys.executable,
+            "-c",
+            _CTRANSLATE2_SCRIPT,
+            folder,
+            source,
+            target,
+            str(beam_size),
+            str(alpha),
+            str(config.eval.max_decode_length),
+            str(ct2_batch_size),
+        ]
+    return [{"command": name, "beam_size": beam_size, "seconds": _whole_process(c)} for name, c in commands.items()]
+
+
+def _write(rows, processes, lines, rounds, ct2_batch_size, measured_source, workdir, output) -> None:
+    def ratio(row: dict, engine: str) -> str:
+        other = next(r for r in rows if r["engine"] == engine and r["beam_size"] == row["beam_size"])
+        return f"{other['seconds'] / row['seconds']:.2f}x"
+
+    table = [
+        f"The whole test split ({len(lines):,} lines), each sentence with its own budget, median of {rounds} "
+        f"rounds after a first that compiles; CTranslate2 with {os.cpu_count()} threads, {ct2_batch_size} "
+        "sentences a batch. Speed ratios: the other engine's seconds over this row's.",
+        "",
+        "| engine | beam | first call s | s | output subwords/s | vs CTranslate2 float32 | vs int8 | BLEU |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+        *(
+            f"| {row['engine']} | {row['beam_size']} | {row['first_call_seconds']:.1f} | {row['seconds']:.1f} "
+            f"| {row['output_subwords_per_second']:,.0f} | {ratio(row, 'CTranslate2, float32')} "
+            f"| {ratio(row, 'CTranslate2, int8')} | {row['bleu']:.2f} |"
+            for row in rows
+        ),
+    ]
+    if processes:
+        table += [
+            "",
+            "Whole processes translating the lines into a file (import, load, compile, decode, write):",
+            "",
+            "| command | beam | seconds |",
+            "|---|---:|---:|",
+            *(f"| {p['command']} | {p['beam_size']} | {p['seconds']:.1f} |" for p in processes),
+        ]
+    record = records.new(
+        "decoding a whole test split: this project and CTranslate2",
+        figures={"rows": rows, "whole_processes": processes, "lines": len(lines)},
+        packages=(*records.DEFAULT_PACKAGES, "ctranslate2", "sacrebleu"),
+        workdir=workdir,
+        **measured_source,
+    )
+    path = output or os.path.join(records.RESULTS_DIR, f"decode_speed_test_set_{record['machine']['cpu_kind']}")
+    print("\n".join(table))
+    print("wrote", records.write(record, path, table))

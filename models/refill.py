@@ -1,0 +1,197 @@
+"""Decoding many sentences in a fixed set of rows, each finished row refilled with the next sentence.
+
+A batch decoded as a whole runs until its longest sentence ends, and every finished row keeps
+its share of the work. Here the rows run in segments of the search loop (models/search.py), each
+until enough rows are done; between segments the finished translations are read out and their
+rows take the next sentences, already encoded a batch ahead. Every row keeps its own position,
+so the arrays keep one shape and each bucket of source lengths compiles once.
+
+A sentence's translation is what decoding it in any batch of the same shapes gives: every step
+computes each row on its own, and the batches that are encoded are those of the whole-batch
+decoding.
+"""
+
+import dataclasses
+import functools
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from models.decoding import cached_next_token_logits, is_filler, model_next_token_logits
+from models.search import (
+    argmax_token,
+    beam_rows,
+    beams_done,
+    greedy_rows,
+    insert_beam_rows,
+    insert_greedy_rows,
+    run_beams,
+    run_greedy,
+)
+from models.transformer import Transformer
+
+Array = jax.Array
+# (inputs [rows, src_len] int32 this process's rows, budgets [rows] int32) -> global arrays.
+Place = Callable[[np.ndarray, np.ndarray], tuple[Array, Array]]
+# A global array -> the whole of it as numpy, on every process.
+Fetch = Callable[[Array], np.ndarray]
+
+# Rows are refilled once this share of them is done: fewer stops, against rows idle while they wait.
+REFILL_SHARE = 1 / 8
+
+
+@dataclasses.dataclass(frozen=True)
+class RowDecoder:
+    """The jitted pieces of greedy search or beam search over rows refilled as they finish.
+
+    start(params, inputs, budgets, max_length=) -> the search state of a batch's sentences
+        (the encoder runs here), every non-filler row live.
+    insert(search, fresh, take [rows] bool, source [rows] int32) -> `search` with the rows where
+        take is True replaced by `fresh`'s rows source.
+    run(params, search, min_done) -> (search, done [rows] bool, best [rows, max_length] ids): the
+        search run until at least min_done rows are done (or all are).
+    """
+
+    start: Callable
+    insert: Callable
+    run: Callable
+
+
+def _take_rows(tree: Any, source: Array, copies: int) -> Any:
+    """Rows `source` [rows] of every leaf; leaves with rows * copies rows move in blocks of `copies`."""
+    rows = source.shape[0]
+
+    def take(leaf):
+        if leaf.ndim == 0:
+            return leaf
+        if leaf.shape[0] == rows:
+            return leaf[source]
+        by_row = leaf.reshape(rows, copies, *leaf.shape[1:])
+        return by_row[source].reshape(leaf.shape)
+
+    return jax.tree.map(take, tree)
+
+
+def greedy_decoder(model: Transformer, *, bos_id: int, eos_id: int, pad_id: int) -> RowDecoder:
+    """Greedy search (`argmax_token`) as a `RowDecoder`."""
+    special = dict(bos_id=bos_id, pad_id=pad_id)
+
+    def start(params, inputs, budgets, *, max_length):
+        _, state, context = model_next_token_logits(model, params, inputs, max_length, use_cache=True)
+        return greedy_rows(state, context, is_filler(inputs, pad_id), budgets, max_length=max_length, **special)
+
+    def insert(rows, fresh, take, source):
+        return insert_greedy_rows(rows, take, _take_rows(fresh, source, 1))
+
+    def run(params, rows, min_done):
+        next_token_logits = functools.partial(cached_next_token_logits, model, params)
+        rows = run_greedy(
+            next_token_logits,
+            argmax_token,
+            rows,
+            jax.random.PRNGKey(0),
+            eos_id=eos_id,
+            min_finished=min_done,
+            **special,
+        )
+        return rows, rows.finished, rows.tokens[:, 1:]
+
+    return RowDecoder(jax.jit(start, static_argnames=('max_length',)), jax.jit(insert), jax.jit(run))
+
+
+def beam_decoder(
+    model: Transformer, *, beam_size: int, alpha: float, bos_id: int, eos_id: int, pad_id: int
+) -> RowDecoder:
+    """Beam search as a `RowDecoder`: a row is a sentence and its beam_size hypotheses."""
+    special = dict(bos_id=bos_id, pad_id=pad_id)
+
+    def start(params, inputs, budgets, *, max_length):
+        _, state, context = model_next_token_logits(model, params, inputs, max_length, use_cache=True, copies=beam_size)
+        return beam_rows(
+            state, context, is_filler(inputs, pad_id), budgets, beam_size=beam_size, max_length=max_length, **special
+        )
+
+    def insert(beams, fresh, take, source):
+        return insert_beam_rows(beams, take, _take_rows(fresh, source, beam_size))
+
+    def run(params, beams, min_done):
+        next_token_logits = functools.partial(cached_next_token_logits, model, params)
+        beams = run_beams(next_token_logits, beams, alpha=alpha, eos_id=eos_id, min_done=min_done, **special)
+        best = jnp.where(beams.skip[:, None], pad_id, beams.finished_tokens[:, 0, 1:])
+        return beams, beams_done(beams, alpha), best
+
+    return RowDecoder(jax.jit(start, static_argnames=('max_length',)), jax.jit(insert), jax.jit(run))
+
+
+def decode_batches(
+    decoder: RowDecoder,
+    params: Any,
+    batches: Iterable[tuple[np.ndarray, np.ndarray, np.ndarray]],
+    *,
+    max_length: int,
+    place: Place,
+    fetch: Fetch,
+) -> Iterator[tuple[int, np.ndarray]]:
+    """Decodes batches of one shape in one set of rows, refilling each row once it is done.
+
+    Args:
+        decoder: greedy or beam search.
+        params: the model parameters.
+        batches: (inputs [rows, src_len] int32 this process's rows, budgets [rows] int32, ids
+            [n] int: the sentence of each of the global batch's first n rows; the rest is filler).
+        max_length: the arrays' output length (static): at least every budget.
+        place, fetch: between this process's rows and global arrays.
+
+    Yields:
+        (sentence id, its output ids [max_length]) as each is done, in no particular order.
+    """
+    batches = iter(batches)
+    first = next(batches, None)
+    if first is None:
+        return
+    search = decoder.start(params, *place(first[0], first[1]), max_length=max_length)
+    rows = search.budgets.shape[0]
+    slots = np.full(rows, -1)  # The sentence in each row; -1: none.
+    slots[: len(first[2])] = first[2]
+    pending = []  # (fresh search state of an encoded batch, [(its row, sentence id)] not yet placed).
+    while True:
+        waiting = bool(pending) or _encode_next(decoder, params, batches, pending, place, max_length)
+        min_done = rows if not waiting else max(1, int(rows * REFILL_SHARE))
+        search, done, best = decoder.run(params, search, min_done)
+        done, best = fetch(done), fetch(best)
+        for slot in np.flatnonzero(done & (slots >= 0)):
+            yield int(slots[slot]), best[slot]
+            slots[slot] = -1
+        search = _refill(decoder, params, search, slots, pending, batches, place, max_length)
+        if np.all(slots < 0):
+            return
+
+
+def _encode_next(decoder, params, batches, pending: list, place, max_length: int) -> bool:
+    """Encodes the next batch into `pending`; False when there is none."""
+    batch = next(batches, None)
+    if batch is None:
+        return False
+    fresh = decoder.start(params, *place(batch[0], batch[1]), max_length=max_length)
+    pending.append((fresh, list(enumerate(batch[2]))))
+    return True
+
+
+def _refill(decoder, params, search, slots: np.ndarray, pending: list, batches, place, max_length: int):
+    """`search` with its free rows (slots -1) given the next sentences, batch by batch."""
+    while True:
+        free = np.flatnonzero(slots < 0)
+        if not len(free) or (not pending and not _encode_next(decoder, params, batches, pending, place, max_length)):
+            return search
+        fresh, waiting = pending[0]
+        placed, pending[0] = waiting[: len(free)], (fresh, waiting[len(free) :])
+        take = np.zeros(len(slots), bool)
+        source = np.zeros(len(slots), np.int32)
+        for slot, (row, sentence) in zip(free, placed):
+            take[slot], source[slot], slots[slot] = True, row, sentence
+        search = decoder.insert(search, fresh, take, source)
+        if not pending[0][1]:
+            pending.pop(0)

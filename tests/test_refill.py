@@ -1,0 +1,82 @@
+"""Rows refilled as sentences finish translate every sentence as whole-batch decoding does."""
+
+import dataclasses
+import functools
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from conftest import TINY_MODEL
+
+from models import Transformer, refill
+from models.decoding import beam_search, decode_length, generate
+from models.search import argmax_token
+
+BOS, EOS, PAD = 2, 3, 0
+_IDS = dict(bos_id=BOS, eos_id=EOS, pad_id=PAD)
+ROWS, SOURCE_LENGTH = 4, 6
+
+
+def _model_and_batches(num_sentences: int = 10):
+    config = dataclasses.replace(TINY_MODEL, vocab_size=12, max_len=32, norm_placement="pre")
+    model = Transformer(config)
+    rng = np.random.default_rng(0)
+    lengths = rng.integers(2, SOURCE_LENGTH + 1, num_sentences)  # With <eos>.
+    sources = np.zeros((num_sentences, SOURCE_LENGTH), np.int32)
+    for i, length in enumerate(lengths):
+        sources[i, : length - 1] = rng.integers(4, config.vocab_size, length - 1)
+        sources[i, length - 1] = EOS
+    params = nn.unbox(model.init(jax.random.PRNGKey(1), sources[:2], sources[:2], deterministic=True)["params"])
+    # Larger weights: outputs that depend on the source, and <eos> now early, now never (budgets matter).
+    params = jax.tree.map(lambda x: 4.0 * x, params)
+    batches = []
+    for start in range(0, num_sentences, ROWS):
+        ids = np.arange(start, min(start + ROWS, num_sentences))
+        inputs = np.zeros((ROWS, SOURCE_LENGTH), np.int32)  # The last batch has filler rows.
+        inputs[: len(ids)] = sources[ids]
+        batches.append((inputs, decode_length(np.sum(inputs != PAD, axis=1), 20), ids))
+    return model, params, batches
+
+
+def _whole_batches(model, params, batches, max_length, beam_size):
+    if beam_size == 1:
+        search = functools.partial(generate, model=model, choose_token=argmax_token, **_IDS)
+    else:
+        search = functools.partial(beam_search, model=model, beam_size=beam_size, alpha=0.6, **_IDS)
+    decode = jax.jit(search, static_argnames=("max_length",))
+    outputs = {}
+    for inputs, budgets, ids in batches:
+        decoded = np.asarray(decode(params, inputs, max_length=max_length, budgets=budgets))
+        outputs.update(zip(ids.tolist(), decoded))
+    return outputs
+
+
+@pytest.mark.parametrize("beam_size", [1, 3])
+@pytest.mark.parametrize("refill_share", [0.01, 0.5, 1.0])
+def test_refilled_rows_translate_as_whole_batches(beam_size, refill_share, monkeypatch):
+    """At any refill point (a row at a time, half the rows, only when all are done), the same outputs."""
+    monkeypatch.setattr(refill, "REFILL_SHARE", refill_share)
+    model, params, batches = _model_and_batches()
+    max_length = decode_length(SOURCE_LENGTH, 20)
+    expected = _whole_batches(model, params, batches, max_length, beam_size)
+    if beam_size == 1:
+        decoder = refill.greedy_decoder(model, **_IDS)
+    else:
+        decoder = refill.beam_decoder(model, beam_size=beam_size, alpha=0.6, **_IDS)
+    found = dict(
+        refill.decode_batches(
+            decoder,
+            params,
+            iter(batches),
+            max_length=max_length,
+            place=lambda inputs, budgets: (jnp.asarray(inputs), jnp.asarray(budgets)),
+            fetch=np.asarray,
+        )
+    )
+    assert sorted(found) == sorted(expected)  # Every sentence once.
+    for sentence, output in expected.items():
+        np.testing.assert_array_equal(found[sentence], output, err_msg=f"sentence {sentence}")
+    lengths = [np.count_nonzero(output != PAD) for output in expected.values()]
+    assert len(set(lengths)) > 2, lengths  # Sentences end at different steps: rows are refilled at different times.
