@@ -15,7 +15,7 @@ import sacrebleu
 import sentencepiece
 from absl import logging
 
-from benchmarks import records
+from common import records
 from exporting import exporter
 from input_pipeline.parallel_text import read_lines
 from models.decoding import decode_length
