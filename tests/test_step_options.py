@@ -128,3 +128,11 @@ def test_a_cheaper_prng_trains_deterministically_and_keeps_the_checkpointed_key(
 def test_options_that_cannot_work_are_refused_naming_the_field(overrides, message):
     with pytest.raises(UserInputError, match=message):
         step_options.check_step_options(tiny_config(**overrides))
+
+
+def test_a_run_saved_before_the_options_existed_gets_their_defaults():
+    config = tiny_config()
+    del config["prng_impl"], config["loss_chunks"]  # As an earlier run's config.json has it.
+    assert step_options.option(config, "prng_impl") == "threefry2x32"
+    assert step_options.option(config, "loss_chunks") == 1
+    step_options.check_step_options(config)

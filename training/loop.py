@@ -19,7 +19,7 @@ from common.workdir import Workdir
 from models.build import is_classification
 from models.classifier import Classifier
 from models.transformer import TransformerConfig
-from training import divergence, flops, preemption
+from training import divergence, flops, preemption, step_options
 from training.checkpoints.checkpointer import Checkpointer, save_params
 from training.inference import load_trained_model, save_config
 from training.optimizer import make_optimizer
@@ -58,7 +58,7 @@ def configured_train_step(config: ml_collections.ConfigDict, loss_fn: LossFn, tx
         tx=tx,
         learning_rate_fn=learning_rate_fn,
         grad_accumulation_steps=config.grad_accumulation_steps,
-        prng_impl=config.prng_impl,
+        prng_impl=step_options.option(config, "prng_impl"),
     )
 
 

@@ -9,6 +9,8 @@
 - `config.loss_chunks`: the label-smoothed loss over the vocabulary computed this many slices
   of target positions at a time, each slice's float32 logits recomputed in the backward pass
   instead of kept (training/losses.py's `chunked_token_metrics`); 1 computes all logits at once.
+
+A run's config.json written before these fields existed gets `DEFAULTS`, its run's behaviour.
 """
 
 import jax
@@ -19,12 +21,18 @@ from common.config_fields import is_int, require_choice
 from common.errors import UserInputError
 
 PRNG_IMPLS = ("threefry2x32", "rbg", "unsafe_rbg")
+DEFAULTS = {"prng_impl": "threefry2x32", "loss_chunks": 1}
+
+
+def option(config: ml_collections.ConfigDict, name: str):
+    """config.<name>, or its default where the config (an earlier run's) has no such field."""
+    return config.get(name, DEFAULTS[name])
 
 
 def check_step_options(config: ml_collections.ConfigDict) -> None:
     """Raises UserInputError naming the option that cannot work."""
-    require_choice("prng_impl", config.prng_impl, PRNG_IMPLS)
-    chunks = config.loss_chunks
+    require_choice("prng_impl", option(config, "prng_impl"), PRNG_IMPLS)
+    chunks = option(config, "loss_chunks")
     if not is_int(chunks) or chunks < 1:
         raise UserInputError(f"config.loss_chunks is {chunks!r}; it must be a positive integer (1: no chunks).")
     if chunks > 1 and config.task != "translation":

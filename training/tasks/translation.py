@@ -20,6 +20,7 @@ from input_pipeline import batching, streaming
 from input_pipeline.corpus import Corpus, load_corpus
 from input_pipeline.datasets import TextPairs
 from models.build import make_model
+from training import step_options
 from training.reporting.attention_maps import write_attention_summary
 from training.reporting.metrics_writer import MetricWriter
 from training.runtime import sharding
@@ -106,7 +107,7 @@ class TranslationTask:
             translation_loss,
             model=model,
             label_smoothing=config.optimizer.label_smoothing,
-            loss_chunks=config.loss_chunks,
+            loss_chunks=step_options.option(config, "loss_chunks"),
         )
 
     def evaluator(self, config, model, data: Corpus, mesh) -> "TranslationEvaluator":
