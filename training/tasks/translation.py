@@ -52,10 +52,6 @@ def _head(text: TextPairs, ids: batching.ParallelIds, n: int) -> tuple[TextPairs
     )
 
 
-def _evaluation_dir(workdir: str, split: str) -> str:
-    return Workdir(workdir).evaluation(split)
-
-
 class TranslationTask:
     """Translation: the encoder-decoder on sentence pairs, kept best by validation BLEU (see training.tasks)."""
 
