@@ -2,7 +2,7 @@ r"""Transformer-base on WMT14 English→German, as in the paper (Vaswani et al.,
 
 Run on a TPU/GPU host with `wmt14_translate/de-en` prepared for TFDS (see README):
 
-  python train.py --config=configs/default.py --workdir=/tmp/wmt14_base
+  python train.py --config=configs/default.py --workdir=runs/wmt14_base
 
 Expected: the paper reports 27.3 BLEU (newstest2014, tokenized, checkpoint-averaged,
 beam 4) after 100k steps of ~25k source + ~25k target tokens on 8 GPUs. Greedy
