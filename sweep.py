@@ -18,7 +18,7 @@ import sys
 from absl import app, flags
 
 from common import io_errors
-from sweeps import plots, report, runner
+from sweeps import plots, report, runner, train_processes
 
 _SWEEP = flags.DEFINE_string("sweep", None, "Sweep file (configs/sweeps/*.py): a base config and named variants.")
 _ROOT = flags.DEFINE_string("root", None, "Folder of the sweep's runs (<root>/<variant>/seed_<k>) and results.")
@@ -34,7 +34,7 @@ def main(argv):
         raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
     try:
         _sweep()
-    except runner.SweepStopped as e:
+    except train_processes.SweepStopped as e:
         print(e, file=sys.stderr)
         sys.exit(e.exit_status)
     except Exception as e:  # pylint: disable=broad-except
@@ -56,7 +56,7 @@ def _sweep() -> None:
         return
     failed = []
     if not _COLLECT.value:
-        outcome = runner.run_all(loaded, runner.plan_runs(_ROOT.value, selected, _SEEDS.value))
+        outcome = train_processes.run_all(loaded, runner.plan_runs(_ROOT.value, selected, _SEEDS.value))
         failed = outcome.failed
         print(f"{len(outcome.finished)} runs trained, {len(outcome.skipped)} finished before, {len(failed)} failed.")
     # Every seed run so far, also beyond --seeds (a sweep run earlier with more).

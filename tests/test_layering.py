@@ -152,7 +152,7 @@ def test_configs_and_the_sweep_runner_import_no_jax():
     code = (
         "import sys\n"
         "import configs.default, configs.quickstart, configs.tiny, configs.classify, configs.sweeps.table3\n"
-        "import sweeps.runner, sweeps.report, sweep\n"
+        "import sweeps.runner, sweeps.train_processes, sweeps.report, sweep\n"
         "heavy = sorted(name for name in ('jax', 'flax', 'tensorflow', 'orbax') if name in sys.modules)\n"
         "assert not heavy, heavy\n"
     )
