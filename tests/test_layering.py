@@ -23,7 +23,7 @@ _BELOW = {
     "configs": {"common"},  # Sweep definitions share one dataclass and its errors.
     "models": {"common"},
     "input_pipeline": {"common"},
-    "training.runtime": {"common", "input_pipeline"},
+    "training.runtime": {"common"},  # Devices, memory, processes: below the data and the model.
     "training.reporting": {"common", "models", "input_pipeline"},
     "training.core": {"common", "models", "input_pipeline", "training.runtime", "training.reporting"},
     "training.checkpoints": {"common", "training.runtime", "training.core"},

@@ -24,7 +24,7 @@ from training.reporting.attention_maps import write_attention_summary
 from training.reporting.metrics_writer import MetricWriter
 from training.runtime import sharding
 from training.steps import LossFn, eval_step, translation_loss
-from training.tasks import translation_eval
+from training.tasks import base, translation_eval
 
 
 def eval_setup(config, model, tokenizer, mesh) -> translation_eval.EvalSetup:
@@ -35,7 +35,7 @@ def eval_setup(config, model, tokenizer, mesh) -> translation_eval.EvalSetup:
         mesh=mesh,
         tokenizer=tokenizer,
         boundaries=tuple(config.dataset.bucket_boundaries),
-        batch_sizes=sharding.batch_sizes(config, config.eval.per_device_batch_size, mesh),
+        batch_sizes=base.batch_sizes(config, config.eval.per_device_batch_size, mesh),
         max_decode_length=config.eval.max_decode_length,
         decoding=describe_decoding(config.eval),
         seed=config.seed,
