@@ -39,8 +39,7 @@ def classify(workdir: str) -> None:
     from models.build import is_classification  # pylint: disable=g-import-not-at-top
     from training import inference, text_io  # pylint: disable=g-import-not-at-top
     from training.config_checks import validate_config  # pylint: disable=g-import-not-at-top  (JAX starts here)
-    from training.runtime import sharding  # pylint: disable=g-import-not-at-top
-    from training.tasks import classification  # pylint: disable=g-import-not-at-top
+    from training.tasks import base, classification  # pylint: disable=g-import-not-at-top
 
     config = _CONFIG.value if _CONFIG.value is not None else inference.load_config(workdir)
     if not is_classification(config):
@@ -52,7 +51,7 @@ def classify(workdir: str) -> None:
     lines = text_io.read_input_lines(_INPUT.value)
     trained = inference.load_trained_model(config, workdir, _CHECKPOINT.value)
     logging.info("Classifying %d lines: %s.", len(lines), trained.selection.description)
-    sizes = sharding.batch_sizes(config, config.eval.per_device_batch_size, trained.mesh)
+    sizes = base.batch_sizes(config, config.eval.per_device_batch_size, trained.mesh)
     setup = classification.predict_setup(config, trained.model, trained.mesh, sizes)
     results = classification.classify_lines(setup, trained.params, trained.tokenizer, lines, config.dataset.max_length)
     names = trained.labels.names

@@ -21,7 +21,7 @@ import sys
 from absl import app, flags
 
 from common import io_errors, records
-from sweeps import plots, report, runner
+from sweeps import plots, report, runner, train_processes
 
 _SWEEP = flags.DEFINE_string("sweep", None, "Sweep file (configs/sweeps/*.py): a base config and named variants.")
 _ROOT = flags.DEFINE_string("root", None, "Folder of the sweep's runs (<root>/<variant>/seed_<k>) and results.")
@@ -42,7 +42,7 @@ def main(argv):
         raise app.UsageError("--dry_run runs and collects nothing: there is no result to --record.")
     try:
         _sweep()
-    except runner.SweepStopped as e:
+    except train_processes.SweepStopped as e:
         print(e, file=sys.stderr)
         sys.exit(e.exit_status)
     except Exception as e:  # pylint: disable=broad-except
@@ -65,7 +65,7 @@ def _sweep() -> None:
     source = records.source() if _RECORD.value else None  # The commit as the sweep starts.
     failed, runs = [], {"trained": 0, "finished_before": None}  # --collect: none trained, the rest unknown.
     if not _COLLECT.value:
-        outcome = runner.run_all(loaded, runner.plan_runs(_ROOT.value, selected, _SEEDS.value))
+        outcome = train_processes.run_all(loaded, runner.plan_runs(_ROOT.value, selected, _SEEDS.value))
         failed = outcome.failed
         print(f"{len(outcome.finished)} runs trained, {len(outcome.skipped)} finished before, {len(failed)} failed.")
         runs = {"trained": len(outcome.finished), "finished_before": len(outcome.skipped)}

@@ -5,7 +5,7 @@ r"""The train step on one accelerator: speed, memory, attention kernels, matmul 
 
 Needs only jax, flax, optax, orbax, absl, ml_collections and NumPy (no TensorFlow, grain or
 SentencePiece: the batches are synthetic, `input_pipeline/synthetic.py`), so it runs on a
-machine lent without the data stack; docs/accelerator_check.md says how to carry the wheels
+GPU machine without the data stack; docs/accelerator_check.md says how to carry the wheels
 there. The step is the one train.py compiles (`make_model`, `make_optimizer`,
 `compile_train_step` over a 1-device mesh, the translation loss) in bfloat16, on packed rows
 of a copy task (target = source). Sizes: 'base' (configs/default.py, Transformer-base),

@@ -30,7 +30,7 @@ command, wall time and exit status (for a failed one its `error:` line and the l
 lines), validation BLEU (`metrics/valid.jsonl`), the test scores after train and after beam
 (`eval/test/scores.json`), the translations, the attention check's differences and the device.
 
-Needs no TensorFlow: the bundled corpus is prepared without it. A machine lent with JAX but
+Needs no TensorFlow: the bundled corpus is prepared without it. A GPU machine with JAX but
 not the data stack needs its wheels carried, and ctranslate2's for the export
 (docs/accelerator_check.md).
 """

@@ -1,6 +1,6 @@
 r"""A tiny classifier on the bundled labelled help sentences, for tests (seconds, not minutes).
 
-  python train.py --config=configs/classify_tiny.py --workdir=/tmp/classify_tiny
+  python train.py --config=configs/classify_tiny.py --workdir=runs/classify_tiny
 
 Expected: runs end to end; accuracy near the majority class (it trains for a handful of steps).
 """

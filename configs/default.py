@@ -2,13 +2,13 @@ r"""Transformer-base on WMT14 English→German, as in the paper (Vaswani et al.,
 
 Run on a TPU/GPU host with `wmt14_translate/de-en` prepared for TFDS (see README):
 
-  python train.py --config=configs/default.py --workdir=/tmp/wmt14_base
+  python train.py --config=configs/default.py --workdir=runs/wmt14_base
 
 Expected: the paper reports 27.3 BLEU (newstest2014, tokenized, checkpoint-averaged,
 beam 4) after 100k steps of ~25k source + ~25k target tokens on 8 GPUs. Greedy
 decoding and detokenized sacreBLEU without averaging score lower. Not measured
-with this codebase yet (no accelerator here); the same code runs end to end in
-`configs/quickstart.py` and the tests.
+with this codebase yet; the same code runs end to end in `configs/quickstart.py`
+and the tests.
 """
 
 import ml_collections

@@ -1,6 +1,6 @@
 r"""A tiny model on the bundled corpus, for tests (seconds, not minutes): few steps, short rows, a 300-piece vocabulary.
 
-  python train.py --config=configs/tiny.py --workdir=/tmp/tiny
+  python train.py --config=configs/tiny.py --workdir=runs/tiny
 
 Expected: runs end to end; BLEU near 0 (it trains for a handful of steps).
 """

@@ -1,1 +1,1 @@
-"""Input pipeline: TFDS sources, SentencePiece subwords, length-bucketed batches."""
+"""Input pipeline: datasets prepared as ArrayRecord, SentencePiece subwords, streamed packed rows, length buckets."""

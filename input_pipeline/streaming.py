@@ -3,7 +3,8 @@
 The flow, per process (no process holds the corpus's text or all of its ids):
 
   records       the train split as a random-access source: len(), [i] -> {source_lang: bytes, target_lang: bytes}
-                (e.g. `tfds.data_source` over ArrayRecord files; only the records read are in memory)
+                (`input_pipeline/datasets.records`: the split's ArrayRecord files, read a record at a time;
+                only the records read are in memory)
   shuffle       a global permutation of all records from the seed, another one every epoch
   [p::n]        share p of n keeps every n-th record of the permutation: the shares are disjoint and their
                 union is the whole epoch; each process reads its own and never touches the others' (n counts
@@ -179,7 +180,7 @@ def train_dataset(
         packing_lookahead: pairs in view per row, from which the packer picks (best fit, longest first);
             0: first fit, each pair as it comes (input_pipeline/row_packing.py).
         share_index, share_count: this process's share of the records: processes that hold the same rows of
-            the global batch read the same share (training/sharding.data_share).
+            the global batch read the same share (training/runtime/sharding.data_share).
         num_workers: 0: read, tokenize and pack in a background thread of this process; > 0: that
             many worker processes run the whole pipeline (each on every num_workers-th chunk of
             records), their batches interleaved in turn.

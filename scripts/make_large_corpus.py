@@ -7,9 +7,9 @@ training pairs drawn at random and joined with a space on both sides (so lengths
 as in real data and the pairs stay translations of each other), and copies the valid and
 test splits unchanged. The output is a `parallel_text` folder:
 
-    python scripts/make_large_corpus.py --out=/tmp/large_corpus
+    python scripts/make_large_corpus.py --out=runs/large_corpus
     python train.py --config=configs/quickstart.py --workdir=runs/large \\
-        --config.dataset.path=/tmp/large_corpus
+        --config.dataset.path=runs/large_corpus
 
 With the default 4.5M pairs the two training files hold about 1.2 GB of text. The pairs
 depend only on `--seed`; the files are written as they are drawn, a block at a time.

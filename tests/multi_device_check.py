@@ -304,7 +304,7 @@ def check_checkpoint(directory: str) -> None:
     first_params = jax.device_get(first_state.params)
     for data, fsdp, tensor in ((4, 2, 1), (2, 1, 4)):
         config, mesh, model, tx, _ = _setup(data, fsdp, tensor, 8)
-        restored, data_state = loop.restore_checkpoint(checkpointer, 2, config, model, tx, mesh)
+        restored, data_state = loop.restore_latest_checkpoint(checkpointer, config, model, tx, mesh)  # Step 2.
         expected = loop.state_shardings(config, model, tx, mesh)
         _assert(data_state == {"epoch": 0, "batch": 2}, data_state)
         jax.tree.map(lambda a, s: _assert(a.sharding == s, (a.sharding, s)), restored, expected)

@@ -16,7 +16,7 @@ from input_pipeline import synthetic
 from models.build import make_model
 from models.packing import BATCH_KEYS, Packing
 
-# What a machine lent without the data stack lacks; the check must not need any of it.
+# What a GPU image without the data stack lacks; the check must not need any of it.
 DATA_STACK = ("tensorflow", "tensorflow_datasets", "grain", "sentencepiece")
 
 
@@ -114,7 +114,7 @@ def test_tiny_check_measures_every_section_without_the_data_stack(tmp_path):
         "--attention_length=32",
         f"--output={output}",
     ]
-    environment = {**os.environ, "PYTHONPATH": REPO_ROOT}  # As on the lent machine: the repository not installed.
+    environment = {**os.environ, "PYTHONPATH": REPO_ROOT}  # As on a GPU machine: the repository not installed.
     subprocess.run(command, cwd=REPO_ROOT, env=environment, check=True, timeout=600)
     record = json.loads(output.read_text())
     assert output.with_suffix(".md").exists()

@@ -10,7 +10,20 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "scripts"))
 
-import build_corpus as bc  # noqa: E402
+import build_corpus  # noqa: E402
+from help_corpus.pages import parse_page  # noqa: E402
+from help_corpus.release import gzip_lines  # noqa: E402
+from help_corpus.sentence_pairs import (  # noqa: E402
+    MAX_WORDS,
+    SPLITS,
+    assign_split,
+    filter_pairs,
+    pair_paragraphs,
+    pair_sentences,
+    split_pairs,
+    split_sentences,
+)
+from help_corpus.topics import APPLICATION_LABELS, build_labelled_sentences, page_module, split_labelled  # noqa: E402
 
 DATA_DIR = os.path.join(ROOT, "data", "libreoffice_help_en_de")
 
@@ -53,7 +66,7 @@ EN_PAGE = """<!DOCTYPE html>
 
 
 def test_parse_page_collects_ids_and_skips_hidden():
-    texts = bc.parse_page(EN_PAGE)
+    texts = parse_page(EN_PAGE)
     assert texts["hd_id3153311"] == "General"
     assert texts["par_id3156410"] == "Defines general settings for spreadsheet documents."
     assert texts["par_id3150444"] == "Defines the unit of measure in spreadsheets."
@@ -72,7 +85,7 @@ def test_parse_page_collects_ids_and_skips_hidden():
 def test_pair_paragraphs_by_id():
     en = {"a": "One.", "b": "Two.", "c": "", "d": "Only English."}
     de = {"b": "Zwei.", "a": "Eins.", "c": "Leer.", "e": "Nur Deutsch."}
-    assert bc.pair_paragraphs(en, de) == [("One.", "Eins."), ("Two.", "Zwei.")]
+    assert pair_paragraphs(en, de) == [("One.", "Eins."), ("Two.", "Zwei.")]
 
 
 @pytest.mark.parametrize(
@@ -104,12 +117,12 @@ def test_pair_paragraphs_by_id():
     ],
 )
 def test_split_sentences(text, expected):
-    assert bc.split_sentences(text) == expected
+    assert split_sentences(text) == expected
 
 
 def test_split_sentences_colon_option():
-    assert bc.split_sentences("Note: The value.", split_on_colon=True) == ["Note:", "The value."]
-    assert bc.split_sentences("Note: the value.", split_on_colon=True) == ["Note: the value."]
+    assert split_sentences("Note: The value.", split_on_colon=True) == ["Note:", "The value."]
+    assert split_sentences("Note: the value.", split_on_colon=True) == ["Note: the value."]
 
 
 def test_pair_sentences_requires_equal_counts():
@@ -117,7 +130,7 @@ def test_pair_sentences_requires_equal_counts():
         ("One. Two.", "Eins. Zwei."),
         ("Long sentence here.", "Langer Satz. Hier."),
     ]
-    assert list(bc.pair_sentences(paras)) == [("One.", "Eins."), ("Two.", "Zwei.")]
+    assert list(pair_sentences(paras)) == [("One.", "Eins."), ("Two.", "Zwei.")]
 
 
 def test_filters_and_dedup():
@@ -130,9 +143,9 @@ def test_filters_and_dedup():
         ("Short.", "Ein sehr langer deutscher Satz, der gar nicht zum Original passt."),
         ("This text was not translated.", "This text was not translated."),
         ("SUM", "SUM"),  # short identical names are kept
-        (" ".join(["word"] * (bc.MAX_WORDS + 1)), " ".join(["Wort"] * (bc.MAX_WORDS + 1))),
+        (" ".join(["word"] * (MAX_WORDS + 1)), " ".join(["Wort"] * (MAX_WORDS + 1))),
     ]
-    kept, stats = bc.filter_pairs(pairs)
+    kept, stats = filter_pairs(pairs)
     assert kept == [("Hello world.", "Hallo Welt."), ("Hello world.", "Hallo Erde."), ("SUM", "SUM")]
     assert stats == {
         "duplicate": 1,
@@ -146,25 +159,25 @@ def test_filters_and_dedup():
 
 def test_assign_split_deterministic_and_by_english():
     sentences = [f"Sentence number {i}." for i in range(5000)]
-    first = [bc.assign_split(s) for s in sentences]
-    assert first == [bc.assign_split(s) for s in sentences]
+    first = [assign_split(s) for s in sentences]
+    assert first == [assign_split(s) for s in sentences]
     assert set(first) == {"train", "valid", "test"}
     assert 150 < first.count("valid") < 350 and 150 < first.count("test") < 350
-    splits = bc.split_pairs([("Same English.", f"Deutsch {i}") for i in range(20)])
+    splits = split_pairs([("Same English.", f"Deutsch {i}") for i in range(20)])
     assert sorted(len(v) for v in splits.values()) == [0, 0, 20]
 
 
 def test_gzip_lines_reproducible():
-    a = bc.gzip_lines(["eins", "zwei"])
-    assert a == bc.gzip_lines(["eins", "zwei"])
+    a = gzip_lines(["eins", "zwei"])
+    assert a == gzip_lines(["eins", "zwei"])
     assert gzip.decompress(a).decode("utf-8") == "eins\nzwei\n"
     assert a[4:8] == b"\0\0\0\0"  # mtime 0
     with pytest.raises(ValueError):
-        bc.gzip_lines(["tab\tinside"])
+        gzip_lines(["tab\tinside"])
 
 
 def test_missing_deb_exits_2(capsys, tmp_path):
-    rc = bc.main(
+    rc = build_corpus.main(
         [
             "--en-deb",
             str(tmp_path / "nope.deb"),
@@ -190,7 +203,7 @@ def _read_lines(name):
 
 
 def test_shipped_corpus():
-    files = [f"{split}.{lang}.gz" for split in bc.SPLITS for lang in ("en", "de")]
+    files = [f"{split}.{lang}.gz" for split in SPLITS for lang in ("en", "de")]
     for name in files + ["README.md", "LICENSE", "SHA256SUMS"]:
         assert os.path.isfile(os.path.join(DATA_DIR, name)), name
 
@@ -202,14 +215,14 @@ def test_shipped_corpus():
             assert hashlib.sha256(f.read()).hexdigest() == sums[name], name
 
     english = {}
-    for split in bc.SPLITS:
+    for split in SPLITS:
         en, de = _read_lines(f"{split}.en.gz"), _read_lines(f"{split}.de.gz")
         assert len(en) == len(de) > 0, split
         assert all(s and "\t" not in s and s == s.strip() for s in en + de)
         if split != "train":
             assert 1500 <= len(en) <= 2500, (split, len(en))
         english[split] = set(en)
-        assert all(bc.assign_split(s) == split for s in english[split])
+        assert all(assign_split(s) == split for s in english[split])
     assert not english["train"] & english["valid"]
     assert not english["train"] & english["test"]
     assert not english["valid"] & english["test"]
@@ -228,10 +241,10 @@ def _page(*paragraphs):
 
 
 def test_page_module_from_the_path():
-    assert bc.page_module("text/scalc/01/04060101.html") == "scalc"
-    assert bc.page_module("text/shared/optionen/01060300.html") == "shared"
-    assert bc.page_module("noscript.html") is None
-    assert bc.page_module("text/main.html") is None
+    assert page_module("text/scalc/01/04060101.html") == "scalc"
+    assert page_module("text/shared/optionen/01060300.html") == "shared"
+    assert page_module("noscript.html") is None
+    assert page_module("text/main.html") is None
 
 
 def test_build_labelled_sentences_labels_by_application_and_drops_ambiguous_ones():
@@ -243,7 +256,7 @@ def test_build_labelled_sentences_labels_by_application_and_drops_ambiguous_ones
         "text/shared/01/e.html": _page("Pivot tables summarise data.", "Opens a dialog."),
         "text/unknown/f.html": _page("Never read."),
     }
-    pairs, stats = bc.build_labelled_sentences(pages)
+    pairs, stats = build_labelled_sentences(pages)
     assert pairs == [
         ("calc", "Sums a range."),
         ("impress_draw", "Draws a shape."),  # Draw and Impress share one label: not ambiguous.
@@ -257,18 +270,18 @@ def test_build_labelled_sentences_labels_by_application_and_drops_ambiguous_ones
 
 def test_split_labelled_follows_the_hash_of_the_sentence():
     pairs = [("calc", f"Sentence number {i}.") for i in range(400)]
-    splits = bc.split_labelled(pairs)
+    splits = split_labelled(pairs)
     assert sum(len(v) for v in splits.values()) == 400
     for split, members in splits.items():
-        assert all(bc.assign_split(sentence) == split for _, sentence in members)
+        assert all(assign_split(sentence) == split for _, sentence in members)
 
 
 def test_gzip_lines_with_fields():
-    blob = bc.gzip_lines(["calc\tSums a range."], fields=2)
+    blob = gzip_lines(["calc\tSums a range."], fields=2)
     assert gzip.decompress(blob).decode("utf-8") == "calc\tSums a range.\n"
     for bad in (["no tab"], ["a\tb\tc"]):
         with pytest.raises(ValueError):
-            bc.gzip_lines(bad, fields=2)
+            gzip_lines(bad, fields=2)
 
 
 def _read_topics(split):
@@ -277,7 +290,7 @@ def _read_topics(split):
 
 
 def test_shipped_topics_corpus():
-    files = [f"{split}.tsv.gz" for split in bc.SPLITS]
+    files = [f"{split}.tsv.gz" for split in SPLITS]
     for name in files + ["README.md", "LICENSE", "SHA256SUMS"]:
         assert os.path.isfile(os.path.join(TOPICS_DIR, name)), name
     with open(os.path.join(TOPICS_DIR, "SHA256SUMS"), encoding="utf-8") as f:
@@ -287,18 +300,18 @@ def test_shipped_topics_corpus():
         with open(os.path.join(TOPICS_DIR, name), "rb") as f:
             assert hashlib.sha256(f.read()).hexdigest() == sums[name], name
 
-    labels = set(bc.APPLICATION_LABELS.values())
+    labels = set(APPLICATION_LABELS.values())
     sentences = {}
-    for split in bc.SPLITS:
+    for split in SPLITS:
         rows = _read_topics(split)
         assert all(len(row) == 2 and row[0] in labels and row[1] == row[1].strip() and row[1] for row in rows)
         sentences[split] = [sentence for _, sentence in rows]
         assert len(set(sentences[split])) == len(rows), split  # Deduplicated.
-        assert all(bc.assign_split(s) == split for s in sentences[split])
+        assert all(assign_split(s) == split for s in sentences[split])
         if split != "train":
             assert 1000 <= len(rows) <= 2000, (split, len(rows))
             # Every label is in every split, with enough examples to evaluate.
             counts = {label: sum(1 for row in rows if row[0] == label) for label in labels}
             assert min(counts.values()) >= 40, counts
-    train, valid, test = (set(sentences[s]) for s in bc.SPLITS)
+    train, valid, test = (set(sentences[s]) for s in SPLITS)
     assert not train & valid and not train & test and not valid & test

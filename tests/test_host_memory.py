@@ -9,10 +9,11 @@ from conftest import REPO_ROOT
 
 from training.runtime import host_memory
 
-# Starts as an entry point does (or not, with 'none'), then allocates, touches and frees a
-# buffer far above glibc's largest mmap threshold (32 MiB) from a new thread, as XLA's worker
-# threads allocate a step's temporaries, twice; prints what start-up returned, the minor page
-# faults of the second round and how far the resident set fell when the buffer was freed.
+# Starts as an entry point does (or not, with 'none'; 'report with jax': JAX imported first, its
+# jax_platforms set to argv[2], as train.py imports it before start-up), then allocates, touches
+# and frees a buffer far above glibc's largest mmap threshold (32 MiB) from a new thread, as XLA's
+# worker threads allocate a step's temporaries, twice; prints what start-up returned, the minor
+# page faults of the second round and how far the resident set fell when the buffer was freed.
 _PROBE = """
 import ctypes, os, resource, sys, threading
 from training.runtime import host_memory
@@ -20,6 +21,12 @@ if sys.argv[1] == "start-up":
     print("set", host_memory.keep_freed_buffers())
 elif sys.argv[1] == "report":
     print("serving", host_memory.set_up())
+elif sys.argv[1] == "report with jax":
+    import jax
+    from jax._src import xla_bridge
+    jax.config.update("jax_platforms", sys.argv[2])
+    print("serving", host_memory.set_up())
+    print("backends_started", xla_bridge.backends_are_initialized())
 libc = ctypes.CDLL(None)
 libc.malloc.restype = ctypes.c_void_p
 libc.malloc.argtypes = [ctypes.c_size_t]
@@ -57,15 +64,17 @@ needs_glibc = pytest.mark.skipif(
 )
 
 
-def _run_probe(tmp_path, start: str, **environment: str) -> dict[str, str]:
-    """Runs _PROBE (`start`: 'start-up', 'report' as entry points start, or 'none') with `environment`."""
-    base = {key: value for key, value in os.environ.items() if key not in ("GLIBC_TUNABLES", "LD_PRELOAD")}
+def _run_probe(tmp_path, start: str, *args: str, **environment: str) -> dict[str, str]:
+    """Runs _PROBE (`start`: 'start-up', 'report' as entry points start, or 'none'; then `args`) with
+    `environment`, JAX on the CPU unless it says otherwise."""
+    unset = ("GLIBC_TUNABLES", "LD_PRELOAD", "JAX_PLATFORMS")
+    base = {key: value for key, value in os.environ.items() if key not in unset}
     script = tmp_path / "probe.py"
     script.write_text(_PROBE)
     result = subprocess.run(
-        [sys.executable, str(script), start],
+        [sys.executable, str(script), start, *args],
         cwd=REPO_ROOT,
-        env={**base, **environment, "PYTHONPATH": str(REPO_ROOT)},
+        env={**base, "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(REPO_ROOT), **environment},
         capture_output=True,
         text=True,
         check=True,
@@ -142,3 +151,42 @@ def test_without_a_preloaded_allocator_start_up_reports_glibc_keeping_freed_buff
     probe = _run_probe(tmp_path, "report")
     assert probe["serving"].startswith("glibc malloc, keeping freed buffers")
     assert int(probe["faults"]) < SMALL_PAGES // 100
+
+
+@needs_glibc
+@pytest.mark.parametrize("platforms", ["cuda", "tpu,cpu"])
+def test_where_jax_computes_on_an_accelerator_malloc_is_left_as_configured(tmp_path, platforms):
+    # Measured only on CPUs: on an accelerator the step's buffers are the device's.
+    probe = _run_probe(tmp_path, "report", JAX_PLATFORMS=platforms)
+    first = platforms.split(",")[0]
+    assert probe["serving"] == f"the C library's malloc as configured (JAX may compute on {first} (JAX_PLATFORMS))"
+    assert int(probe["faults"]) >= SMALL_PAGES  # glibc's defaults.
+
+
+@needs_glibc
+def test_the_cpu_first_in_jax_platforms_gets_the_cpu_setting(tmp_path):
+    probe = _run_probe(tmp_path, "report", JAX_PLATFORMS="cpu,cuda")
+    assert probe["serving"].startswith("glibc malloc, keeping freed buffers")
+    assert int(probe["faults"]) < SMALL_PAGES // 100
+
+
+@needs_glibc
+def test_an_installed_accelerator_plugin_leaves_malloc_as_configured(tmp_path):
+    # JAX prefers a plugin's accelerator where JAX_PLATFORMS is unset; a module of the jax_plugins
+    # namespace package is a plugin, as the CUDA plugin's jax_plugins.xla_cuda12 is.
+    plugin = tmp_path / "site" / "jax_plugins" / "xla_stand_in"
+    plugin.mkdir(parents=True)
+    (plugin / "__init__.py").write_text("raise ImportError('start-up must not import a plugin')\n")
+    paths = os.pathsep.join((str(REPO_ROOT), str(tmp_path / "site")))
+    probe = _run_probe(tmp_path, "report", JAX_PLATFORMS="", PYTHONPATH=paths)
+    assert probe["serving"].startswith("the C library's malloc as configured (JAX may compute on an installed backend:")
+    assert "jax_plugins.xla_stand_in" in probe["serving"]
+    assert int(probe["faults"]) >= SMALL_PAGES
+
+
+@needs_glibc
+def test_start_up_reads_jax_config_and_starts_no_backend(tmp_path):
+    # JAX_PLATFORMS=cpu in the environment, jax_platforms='cuda' in JAX's config: JAX would start CUDA.
+    probe = _run_probe(tmp_path, "report with jax", "cuda")
+    assert probe["serving"] == "the C library's malloc as configured (JAX may compute on cuda (JAX_PLATFORMS))"
+    assert probe["backends_started"] == "False"

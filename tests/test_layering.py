@@ -23,7 +23,7 @@ _BELOW = {
     "configs": {"common"},  # Sweep definitions share one dataclass and its errors.
     "models": {"common"},
     "input_pipeline": {"common"},
-    "training.runtime": {"common", "input_pipeline"},
+    "training.runtime": {"common"},  # Devices, memory, processes: below the data and the model.
     "training.reporting": {"common", "models", "input_pipeline"},
     "training.core": {"common", "models", "input_pipeline", "training.runtime", "training.reporting"},
     "training.checkpoints": {"common", "training.runtime", "training.core"},
@@ -152,7 +152,7 @@ def test_configs_and_the_sweep_runner_import_no_jax():
     code = (
         "import sys\n"
         "import configs.default, configs.quickstart, configs.tiny, configs.classify, configs.sweeps.table3\n"
-        "import sweeps.runner, sweeps.report, sweep\n"
+        "import sweeps.runner, sweeps.train_processes, sweeps.report, sweep\n"
         "heavy = sorted(name for name in ('jax', 'flax', 'tensorflow', 'orbax') if name in sys.modules)\n"
         "assert not heavy, heavy\n"
     )

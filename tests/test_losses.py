@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from tolerances import rounding_tolerance
 
-from training.losses import smoothed_cross_entropy, weighted_metrics
+from training.losses import weighted_metrics
 
 VOCAB = 7
 
@@ -33,16 +33,23 @@ def _softmax(logits: np.ndarray) -> np.ndarray:
 TOLERANCE = rounding_tolerance(operations=4 * VOCAB, magnitude=10.0)
 
 
+def _token_losses(logits, targets, smoothing):
+    """[...] each token's smoothed loss, as the 'loss' sum of `weighted_metrics` over that token alone."""
+    per_token = jax.vmap(lambda z, t: weighted_metrics(z, t, jnp.ones(()), smoothing)["loss"])
+    flat = per_token(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+    return flat.reshape(targets.shape)
+
+
 @pytest.mark.parametrize("smoothing", [0.1, 0.3])
-def test_smoothed_cross_entropy_is_kl_to_smoothed_targets(smoothing):
+def test_smoothed_loss_is_kl_to_smoothed_targets(smoothing):
     logits, targets = _example()
     soft = _smoothed_targets(targets, smoothing)
     log_probs = np.log(_softmax(logits.astype(np.float64)))
     expected_kl = (soft * (np.log(soft) - log_probs)).sum(-1)
-    actual = smoothed_cross_entropy(jnp.asarray(logits), jnp.asarray(targets), smoothing)
+    actual = _token_losses(jnp.asarray(logits), jnp.asarray(targets), smoothing)
     np.testing.assert_allclose(actual, expected_kl, atol=TOLERANCE)
     # A prediction equal to the smoothed targets scores zero.
-    perfect = smoothed_cross_entropy(jnp.log(jnp.asarray(soft, jnp.float32)), jnp.asarray(targets), smoothing)
+    perfect = _token_losses(jnp.log(jnp.asarray(soft, jnp.float32)), jnp.asarray(targets), smoothing)
     np.testing.assert_allclose(perfect, 0, atol=TOLERANCE)
 
 
@@ -53,7 +60,7 @@ def test_gradient_is_softmax_minus_smoothed_targets(smoothing):
     weights = np.random.default_rng(2).normal(size=targets.shape).astype(np.float32)
 
     def weighted_loss(z):
-        return jnp.sum(smoothed_cross_entropy(z, jnp.asarray(targets), smoothing) * weights)
+        return weighted_metrics(z, jnp.asarray(targets), jnp.asarray(weights), smoothing)["loss"]
 
     gradient = jax.grad(weighted_loss)(jnp.asarray(logits))
     expected = weights[..., None] * (_softmax(logits.astype(np.float64)) - _smoothed_targets(targets, smoothing))

@@ -20,7 +20,7 @@ from models.build import make_model
 from models.embeddings import PositionalEncoding, sinusoidal_positions
 from models.transformer import shift_right_per_segment
 from training import loop
-from training.losses import smoothed_cross_entropy
+from training.losses import weighted_metrics
 from training.optimizer import make_optimizer
 from training.runtime import sharding
 from training.steps import compile_train_step, translation_loss
@@ -79,21 +79,20 @@ def init_params(config):
     return model, nn.unbox(variables['params'])
 
 
-def token_losses(model, params, batch):
-    """[batch, length] label-smoothed losses of the targets, 0 at padding."""
+def per_pair_losses(model, params, batch, locations):
+    """[pairs] each pair's summed label-smoothed target losses; `locations` are (row, segment id), None for one pair a
+    row."""
     logits = model.apply(
         {'params': params}, batch['inputs'], batch['targets'], packing=Packing.from_batch(batch), deterministic=True
     )
-    return smoothed_cross_entropy(logits, batch['targets'], LABEL_SMOOTHING) * (batch['targets'] != 0)
-
-
-def per_pair_losses(model, params, batch, locations):
-    """[pairs] summed token losses of each pair; `locations` are (row, segment id), None for one pair a row."""
-    losses = token_losses(model, params, batch)
+    targets = batch['targets']
     if locations is None:
-        return jnp.sum(losses, axis=1)
-    segments = batch['targets_segment_ids']
-    return jnp.stack([jnp.sum(jnp.where(segments[row] == segment, losses[row], 0.0)) for row, segment in locations])
+        pair_tokens = [(row, targets[row] != 0) for row in range(len(targets))]
+    else:  # Padding has segment id 0.
+        pair_tokens = [(row, batch['targets_segment_ids'][row] == segment) for row, segment in locations]
+    return jnp.stack(
+        [weighted_metrics(logits[row], targets[row], tokens, LABEL_SMOOTHING)['loss'] for row, tokens in pair_tokens]
+    )
 
 
 def gradient_atol(config, length, tokens, magnitude):

@@ -28,7 +28,7 @@ from common.decoding_names import describe_decoding
 from common.errors import UserInputError
 from common.workdir import Workdir
 from configs.sweeps import Paper, Variant, config_for, table3
-from sweeps import plots, report, runner, significance
+from sweeps import plots, report, runner, significance, train_processes
 from sweeps.significance import Translations
 from training.config_checks import validate_config
 from training.reporting import metric_log
@@ -84,7 +84,7 @@ def _mtimes(root: str) -> dict[str, float]:
     found = {}
     for folder, _, files in os.walk(root):
         for name in files:
-            if name in ("scores.json", runner.LOG_NAME):
+            if name in ("scores.json", train_processes.LOG_NAME):
                 path = os.path.join(folder, name)
                 found[os.path.relpath(path, root)] = os.path.getmtime(path)
     return found
@@ -143,7 +143,7 @@ def swept(small_corpus, tmp_path_factory):
 
 
 def _read_log(root: str, run: str) -> str:
-    with open(os.path.join(root, run, runner.LOG_NAME), encoding="utf-8", errors="replace") as f:
+    with open(os.path.join(root, run, train_processes.LOG_NAME), encoding="utf-8", errors="replace") as f:
         return f.read()
 
 
@@ -192,7 +192,7 @@ def test_a_stopped_run_resumes_from_its_checkpoint_and_finished_runs_are_skipped
     after_full, after_again = swept["mtimes_after_full"], swept["mtimes_after_again"]
     unchanged = {path: t for path, t in after_full.items() if not path.startswith("heads_3")}
     assert sum(path.endswith("scores.json") for path in unchanged) == 4
-    assert sum(path.endswith(runner.LOG_NAME) for path in unchanged) == 3  # wide/seed_1 was run by hand.
+    assert sum(path.endswith(train_processes.LOG_NAME) for path in unchanged) == 3  # wide/seed_1 was run by hand.
     assert {path: after_again[path] for path in unchanged} == unchanged
 
 
@@ -201,7 +201,7 @@ def test_a_failing_run_is_named_with_its_log_and_the_others_still_run(swept):
     full = swept["full"]
     assert full.returncode == 1
     for seed in (0, 1):
-        log = os.path.join(swept["root"], "heads_3", f"seed_{seed}", runner.LOG_NAME)
+        log = os.path.join(swept["root"], "heads_3", f"seed_{seed}", train_processes.LOG_NAME)
         failure = next(line for line in full.stderr.splitlines() if line.startswith(f"FAILED heads_3/seed_{seed}"))
         assert "exit status 2" in failure and "num_heads" in failure and f"log: {log}" in failure
     for run in ("base/seed_0", "base/seed_1", "wide/seed_0", "wide/seed_1"):  # wide/seed_* come after heads_3.
@@ -347,13 +347,13 @@ def test_seeds_present_counts_every_seed_folder_of_the_variants(tmp_path):
 
 
 def test_a_failed_run_is_explained_by_its_last_attempt_only(tmp_path):
-    log = tmp_path / runner.LOG_NAME
+    log = tmp_path / train_processes.LOG_NAME
     log.write_text(
         "# sweep.py, 2026-11-22T10:00:00+00:00: train.py ...\nerror: No space left on device\n"
         "# sweep.py, 2026-11-23T10:00:00+00:00: train.py ...\nstep 3\nKilled\n",
         encoding="utf-8",
     )
-    assert runner._last_error(str(log)) == "Killed"  # pylint: disable=protected-access
+    assert train_processes._last_error(str(log)) == "Killed"  # pylint: disable=protected-access
 
 
 def test_metric_log_keeps_the_last_value_of_each_metric_per_step(tmp_path):
@@ -573,10 +573,10 @@ def test_a_run_trained_with_another_config_than_the_sweep_files_fails_and_is_not
         )
     ]
     echoed = []
-    outcome = runner.run_all(edited, [drop], echo=echoed.append)  # Fails at once: nothing is trained.
+    outcome = train_processes.run_all(edited, [drop], echo=echoed.append)  # Fails at once: nothing is trained.
     assert outcome.failed == left_out and not outcome.finished and not outcome.skipped
     assert echoed == [f"[1/1] drop/seed_0: FAILED, {left_out[0][1]}"]
-    assert not os.path.exists(os.path.join(drop.workdir, runner.LOG_NAME))
+    assert not os.path.exists(os.path.join(drop.workdir, train_processes.LOG_NAME))
     report.collect(edited, str(tmp_path / "runs"), runs)
     results_md = (tmp_path / "runs" / "results.md").read_text(encoding="utf-8")
     assert f"- drop/seed_0: {drop.workdir} (trained with another config: model.dropout_rate: 0.3 → 0.5)" in results_md
@@ -748,9 +748,9 @@ def test_the_run_in_progress_is_stopped_when_the_sweep_is_killed(tmp_path):
         "print('started', flush=True); time.sleep(120)"
     )
     sweep_process = (  # Starts it as the sweep starts train.py, then waits.
-        "import functools, os, subprocess, sys, time; from sweeps import runner; "
+        "import functools, os, subprocess, sys, time; from sweeps import train_processes; "
         f"subprocess.Popen([sys.executable, '-c', {train!r}], start_new_session=True, "
-        "preexec_fn=functools.partial(runner._stop_when_parent_dies, os.getpid())); time.sleep(120)"
+        "preexec_fn=functools.partial(train_processes._stop_when_parent_dies, os.getpid())); time.sleep(120)"
     )
     process = subprocess.Popen(
         [sys.executable, "-c", sweep_process], cwd=REPO_ROOT, env=entry_point_env(), stdout=subprocess.PIPE

@@ -19,13 +19,15 @@ pytestmark = pytest.mark.slow
 
 
 def _restore(config, workdir, step):
+    """The state and data position of `step`, the workdir's latest, restored as a resumed run restores them."""
     vocab_size = load_tokenizer(os.path.join(workdir, "tokenizer.model")).vocab_size()
     model = make_model(config, vocab_size)
     tx, _ = make_optimizer(config.optimizer, d_model=config.model.d_model)
     checkpointer = Checkpointer(workdir, read_only=True)
-    restored = loop.restore_checkpoint(checkpointer, step, config, model, tx, sharding.make_mesh())
+    state, position = loop.restore_latest_checkpoint(checkpointer, config, model, tx, sharding.make_mesh())
     checkpointer.close()
-    return restored
+    assert int(state.step) == step
+    return state, position
 
 
 def _best(workdir):

@@ -234,27 +234,17 @@ def _validate(evaluator: base.Evaluator, state: TrainState, metric: str, checkpo
     return valid
 
 
-def restore_checkpoint(
-    checkpointer: Checkpointer,
-    step: int,
-    config: ml_collections.ConfigDict,
-    model,
-    tx,
-    mesh: jax.sharding.Mesh,
-) -> tuple[TrainState, dict | None]:
-    """The train state and this process's data position saved at `step` (None: none for this process count),
-    sharded on `mesh` as config.mesh.rules say.
-
-    The checkpoint may come from any mesh: Orbax reads each device's shards.
-    `model`, `tx` and the config's seed give the state's structure, without computing it.
-    """
-    return checkpointer.restore(step, _abstract_state(config, model, tx, mesh))
-
-
 def restore_latest_checkpoint(
     checkpointer: Checkpointer, config: ml_collections.ConfigDict, model, tx, mesh: jax.sharding.Mesh
 ) -> tuple[TrainState, dict | None] | None:
-    """As `restore_checkpoint`, for the newest intact step (damaged later ones are moved aside); None if none."""
+    """The newest intact step's train state, sharded on `mesh` as config.mesh.rules say, and this process's
+    data position (None: none for this process count); None if there is no checkpoint.
+
+    Damaged later steps are skipped, and moved aside where the checkpointer may write
+    (`Checkpointer.restore_latest`). The checkpoint may come from
+    any mesh: Orbax reads each device's shards. `model`, `tx` and the config's seed give the state's
+    structure, without computing it.
+    """
     return checkpointer.restore_latest(_abstract_state(config, model, tx, mesh))
 
 

@@ -74,24 +74,13 @@ def _token_losses_backward(label_smoothing, residuals, cotangents):
 _token_losses.defvjp(_token_losses_forward, _token_losses_backward)
 
 
-def smoothed_cross_entropy(logits: jax.Array, targets: jax.Array, label_smoothing: float) -> jax.Array:
-    """Per-token KL divergence from the label-smoothed targets to the prediction.
-
-    Args:
-        logits: [batch, length, vocab] float32.
-        targets: [batch, length] int32 token ids.
-        label_smoothing: in [0, 1).
-
-    Returns:
-        [batch, length] float32 losses; 0 for a prediction equal to the smoothed targets.
-    """
-    return _token_losses(logits, targets, label_smoothing)[1]
-
-
 def weighted_metrics(
     logits: jax.Array, targets: jax.Array, weights: jax.Array, label_smoothing: float
 ) -> dict[str, jax.Array]:
     """Weighted sums: 'loss' (smoothed), 'nll', 'correct' (the target scored highest) and 'tokens' (the weights).
+
+    A token's smoothed loss is the KL divergence from its label-smoothed target to the prediction:
+    0 for a prediction equal to the smoothed target.
 
     Args:
         logits: [..., classes] float32.

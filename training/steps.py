@@ -2,11 +2,11 @@
 
 Both are plain functions of pytrees with no host-side state. The train step takes
 its loss as a function of (params, batch, rng) (`LossFn`), chosen by the task:
-`translation_loss` here, `training.classification.classification_loss` for the
-encoder classifier. `compile_train_step`
-compiles the train step with `jax.jit` over a device mesh (the batch, parameters
-and optimizer state sharded as training/runtime/sharding.py lays them out) or with
-`jax.pmap`; either way it equals the one-device step up to rounding.
+`translation_loss` here, `training.tasks.classification.classification_loss` for
+the encoder classifier. `compile_train_step` compiles the train step with `jax.jit`
+over a device mesh (the batch, parameters and optimizer state sharded as
+training/runtime/sharding.py lays them out) or with `jax.pmap`; either way it
+equals the one-device step up to rounding.
 """
 
 import dataclasses
@@ -113,9 +113,10 @@ def train_step(
     axis_name: str | None = None,
     prng_impl: str = PRNG_IMPLS[0],
 ) -> tuple[TrainState, dict[str, jax.Array]]:
-    """One optimizer update on a batch, with teacher forcing.
+    """One optimizer update on a batch, of the task's `loss_fn`.
 
-    The update is that of the mean loss over the batch's target tokens, however the
+    The update is that of the mean loss over the batch's tokens (the 'tokens' that
+    `loss_fn` counts: target tokens, or examples for classification), however the
     batch is split: into `grad_accumulation_steps` micro-batches run one after the
     other, and (under `jax.pmap`) over the devices of `axis_name`. Each part
     contributes its summed loss gradient and token count, and the total is divided by
@@ -138,7 +139,7 @@ def train_step(
 
     Returns:
         The new state and per-batch metrics: mean 'loss', 'nll' and 'accuracy' over
-        target tokens, 'tokens', 'learning_rate', the gradient's 'grad_norm', and
+        the tokens, 'tokens', 'learning_rate', the gradient's 'grad_norm', and
         'finite' (whether the update was applied: see `_is_finite`; if not, the new
         state holds the old parameters and optimizer state, with the step counted).
     """
@@ -223,7 +224,7 @@ class CompiledTrainStep:
     """
 
     run: Callable  # (state in the step's layout, placed batch, rng) -> (state, metrics)
-    place_batch: Callable  # host batch ({'inputs', 'targets'}, packed rows' segment ids, positions) -> step input
+    place_batch: Callable  # host batch (the task's arrays: 'inputs', 'targets' or 'labels', ...) -> step input
     enter: Callable  # TrainState on the mesh -> the step's layout
     leave: Callable  # the step's layout -> TrainState on the mesh
 

@@ -4,13 +4,17 @@ XLA:CPU mallocs each step's temporaries (hundreds of MB) and frees them after it
 map and unmap every block above 32 MiB, so each step faults all its pages in again. tcmalloc
 (`LD_PRELOAD`, Debian's `libtcmalloc-minimal4`) keeps freed blocks in its caches. A preloaded
 allocator must be in place before the process starts, so it is the user's choice (the README's
-main command, docs/speed.md); without one, `set_up` tunes glibc's malloc in the running process
-to keep freed memory: no restart, nothing set before start-up.
+main command, docs/speed.md); without one, `set_up` tunes glibc's malloc in the running process: no restart, nothing
+set before start-up. It does so only where JAX computes on the CPU, where it was measured: on an
+accelerator the step's buffers live in device memory, and the host's malloc serves other work.
 """
 
 import ctypes
 import ctypes.util
+import importlib.metadata
+import importlib.util
 import os
+import pkgutil
 import re
 import sys
 
@@ -61,15 +65,52 @@ def preloaded_allocator(maps_path: str = "/proc/self/maps") -> str | None:
     return found.group(1) if found else None
 
 
+def installed_accelerators() -> list[str]:
+    """JAX's accelerator backends installed here, found as JAX finds them but without importing them.
+
+    JAX loads the modules of the `jax_plugins` namespace package and of the `jax_plugins` entry-point
+    group (the CUDA and ROCm plugins), and libtpu for TPUs (jax/_src/xla_bridge.py).
+    """
+    found = {entry_point.value for entry_point in importlib.metadata.entry_points(group="jax_plugins")}
+    plugins = importlib.util.find_spec("jax_plugins")
+    if plugins is not None and plugins.submodule_search_locations:
+        found.update(
+            f"jax_plugins.{module.name}" for module in pkgutil.iter_modules(plugins.submodule_search_locations)
+        )
+    if importlib.util.find_spec("libtpu") is not None:
+        found.add("libtpu")
+    return sorted(found)
+
+
+def accelerator_backend() -> str | None:
+    """What JAX will compute on in this process, where it may not be the CPU; None for the CPU. Starts no backend.
+
+    JAX_PLATFORMS (or jax.config's jax_platforms, where JAX is imported) lists the platforms by
+    preference: the first is JAX's default. Without it, JAX prefers an installed accelerator backend
+    that starts (`installed_accelerators`); one installed on a machine without its device still
+    counts here, as it cannot be told apart without starting it: set JAX_PLATFORMS=cpu there.
+    """
+    jax = sys.modules.get("jax")
+    platforms = (jax.config.jax_platforms if jax is not None else os.environ.get("JAX_PLATFORMS")) or ""
+    if platforms:
+        first = platforms.split(",")[0].strip()
+        return None if first == "cpu" else f"{first} (JAX_PLATFORMS)"
+    accelerators = installed_accelerators()
+    return f"an installed backend: {', '.join(accelerators)}" if accelerators else None
+
+
 def set_up() -> str:
     """Sets up host memory for XLA:CPU's step buffers; returns what serves them, for the log.
 
     Call it in an entry point before JAX starts its threads. A preloaded tcmalloc or jemalloc is
-    left as it is; otherwise glibc's malloc keeps freed buffers (`keep_freed_buffers`).
+    left as it is; otherwise, where JAX computes on the CPU (`accelerator_backend` is None),
+    glibc's malloc keeps freed buffers (`keep_freed_buffers`).
     """
     allocator = preloaded_allocator()
     if allocator:
         return f"{allocator} (preloaded)"
+    if accelerator := accelerator_backend():
+        return f"the C library's malloc as configured (JAX may compute on {accelerator})"
     if keep_freed_buffers():
         return "glibc malloc, keeping freed buffers (faster: LD_PRELOAD=libtcmalloc_minimal.so.4)"
     return "the C library's malloc as configured"

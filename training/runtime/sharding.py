@@ -42,7 +42,6 @@ from common.mesh_axes import (
     mesh_axes_of,
     mesh_shape,
 )
-from input_pipeline.batching import bucket_batch_sizes
 
 
 def make_mesh(mesh_config: ml_collections.ConfigDict | None = None, devices: Sequence[Any] | None = None) -> Mesh:
@@ -194,16 +193,3 @@ def split_for_pmap(batch: dict[str, np.ndarray], mesh: Mesh) -> dict[str, jax.Ar
     """Reshapes each [batch, ...] array to [devices, batch / devices, ...], one slice per device."""
     stacked = NamedSharding(mesh, PartitionSpec(mesh.axis_names))
     return jax.device_put({k: v.reshape(mesh.size, -1, *v.shape[1:]) for k, v in batch.items()}, stacked)
-
-
-def batch_sizes(
-    config: ml_collections.ConfigDict, per_device: int, mesh: jax.sharding.Mesh, micro_batches: int = 1
-) -> dict[int, int]:
-    """Bucket batch sizes carrying per_device * batch shards * micro_batches * max_length tokens each.
-
-    A batch is split into `micro_batches` (gradient accumulation), each over the
-    mesh's batch shards (data x fsdp; devices along 'tensor' share their batch).
-    """
-    shards = num_batch_shards(mesh, config.mesh.rules) * micro_batches
-    tokens = per_device * shards * config.dataset.max_length
-    return bucket_batch_sizes(config.dataset.bucket_boundaries, tokens, shards)

@@ -7,7 +7,8 @@ batches (translation streams packed rows from records, classification takes
 length buckets of its in-memory examples), its model, its loss, and how its
 parameters are validated and evaluated.
 `training.tasks.translation.TranslationTask` and `training.tasks.classification.ClassificationTask`
-implement it; `config.task` picks one (`training.loop.make_task`).
+implement it; `config.task` picks one (`training.loop.make_task`). What they share is here
+too: the bucket batch sizes of a mesh, and length-bucketed training batches.
 """
 
 import functools
@@ -94,6 +95,19 @@ class Task(Protocol):
         """Validation and evaluation of `model` on `data` (config.eval's batches) on `mesh`."""
 
 
+def batch_sizes(
+    config: ml_collections.ConfigDict, per_device: int, mesh: jax.sharding.Mesh, micro_batches: int = 1
+) -> dict[int, int]:
+    """Bucket batch sizes carrying per_device * batch shards * micro_batches * max_length tokens each.
+
+    A batch is split into `micro_batches` (gradient accumulation), each over the
+    mesh's batch shards (data x fsdp; devices along 'tensor' share their batch).
+    """
+    shards = sharding.num_batch_shards(mesh, config.mesh.rules) * micro_batches
+    tokens = per_device * shards * config.dataset.max_length
+    return batching.bucket_batch_sizes(config.dataset.bucket_boundaries, tokens, shards)
+
+
 def bucketed_train_batches(
     config: ml_collections.ConfigDict, examples: Examples, mesh: jax.sharding.Mesh, position: dict | None
 ) -> batching.TrainBatches:
@@ -101,7 +115,7 @@ def bucketed_train_batches(
     batches = batching.TrainBatches(
         examples,
         config.dataset.bucket_boundaries,
-        sharding.batch_sizes(config, config.per_device_batch_size, mesh, config.grad_accumulation_steps),
+        batch_sizes(config, config.per_device_batch_size, mesh, config.grad_accumulation_steps),
         config.seed,
         rows=functools.partial(sharding.process_rows, mesh=mesh, rules=config.mesh.rules),
     )

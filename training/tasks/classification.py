@@ -31,7 +31,6 @@ from training.losses import weighted_metrics
 from training.reporting import attention_maps
 from training.reporting.metrics_writer import MetricWriter
 from training.reporting.scores import write_scores
-from training.runtime import sharding
 from training.runtime.sharding import process_rows, shard_batch
 from training.steps import LossFn
 from training.tasks import base, classification_metrics
@@ -207,7 +206,7 @@ class ClassificationTask:
         return functools.partial(classification_loss, model=model, label_smoothing=config.optimizer.label_smoothing)
 
     def evaluator(self, config, model: Classifier, data: LabelledCorpus, mesh) -> ClassificationEvaluator:
-        sizes = sharding.batch_sizes(config, config.eval.per_device_batch_size, mesh)
+        sizes = base.batch_sizes(config, config.eval.per_device_batch_size, mesh)
         return ClassificationEvaluator(config, model, data, predict_setup(config, model, mesh, sizes))
 
 

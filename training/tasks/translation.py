@@ -25,7 +25,7 @@ from training.reporting.attention_maps import write_attention_summary
 from training.reporting.metrics_writer import MetricWriter
 from training.runtime import sharding
 from training.steps import LossFn, eval_step, translation_loss
-from training.tasks import translation_eval
+from training.tasks import base, translation_eval
 
 
 def eval_setup(config, model, tokenizer, mesh) -> translation_eval.EvalSetup:
@@ -37,7 +37,7 @@ def eval_setup(config, model, tokenizer, mesh) -> translation_eval.EvalSetup:
         mesh=mesh,
         tokenizer=tokenizer,
         boundaries=tuple(config.dataset.bucket_boundaries),
-        batch_sizes=sharding.batch_sizes(config, config.eval.per_device_batch_size, mesh),
+        batch_sizes=base.batch_sizes(config, config.eval.per_device_batch_size, mesh),
         max_decode_length=config.eval.max_decode_length,
         decoding=describe_decoding(config.eval),
         seed=config.seed,
@@ -52,10 +52,6 @@ def _head(text: TextPairs, ids: batching.ParallelIds, n: int) -> tuple[TextPairs
         TextPairs(text.sources[:n], text.targets[:n]),
         batching.ParallelIds(ids.sources.select(keep), ids.targets.select(keep)),
     )
-
-
-def _evaluation_dir(workdir: str, split: str) -> str:
-    return Workdir(workdir).evaluation(split)
 
 
 class TranslationTask:
