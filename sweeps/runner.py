@@ -179,6 +179,7 @@ _FREE_TO_CHANGE = (
     "compilation_cache_dir",
     "peak_flops_per_device",
     "step_compilation",
+    "loss_chunks",
     "dataset.data_dir",
     "model.attention_implementation",
     "eval.",
