@@ -40,6 +40,7 @@ from training import loop
 from training.checkpoints.checkpointer import Checkpointer
 from training.optimizer import make_optimizer
 from training.runtime import sharding
+from training.state import initial_state, state_shardings
 from training.steps import compile_train_step, eval_step
 from training.tasks import classification, translation, translation_eval
 
@@ -118,8 +119,8 @@ def _setup(data, fsdp, tensor, devices, task="translation", **model_fields):
 
 def _train(compilation, data, fsdp, tensor, micro_batches, devices, batches, task="translation", **model_fields):
     config, mesh, model, tx, schedule = _setup(data, fsdp, tensor, devices, task, **model_fields)
-    shardings = loop.state_shardings(config, model, tx, mesh)
-    state = loop.initial_state(config, model, tx, shardings)
+    shardings = state_shardings(config, model, tx, mesh)
+    state = initial_state(config, model, tx, shardings)
     train_step = compile_train_step(
         compilation,
         mesh,
@@ -305,7 +306,7 @@ def check_checkpoint(directory: str) -> None:
     for data, fsdp, tensor in ((4, 2, 1), (2, 1, 4)):
         config, mesh, model, tx, _ = _setup(data, fsdp, tensor, 8)
         restored, data_state = loop.restore_latest_checkpoint(checkpointer, config, model, tx, mesh)  # Step 2.
-        expected = loop.state_shardings(config, model, tx, mesh)
+        expected = state_shardings(config, model, tx, mesh)
         _assert(data_state == {"epoch": 0, "batch": 2}, data_state)
         jax.tree.map(lambda a, s: _assert(a.sharding == s, (a.sharding, s)), restored, expected)
         jax.tree.map(np.testing.assert_array_equal, jax.device_get(restored.params), saved_params)

@@ -157,3 +157,18 @@ def test_configs_and_the_sweep_runner_import_no_jax():
         "assert not heavy, heavy\n"
     )
     subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True)
+
+
+def test_the_train_state_and_step_builders_import_no_data_stack():
+    # benchmarks/accelerator_check.py builds train.py's step from them on machines without grain,
+    # TFDS or SentencePiece; training/loop.py, which reads data, takes them from there too.
+    code = (
+        "import sys\n"
+        "from training.state import abstract_state, initial_state, state_shardings\n"
+        "from training.steps import compile_train_step, configured_train_step, translation_loss\n"
+        "import models.build, training.flops, training.optimizer, input_pipeline.synthetic\n"
+        "data = ('grain', 'tensorflow', 'tensorflow_datasets', 'sentencepiece', 'array_record', 'sacrebleu')\n"
+        "loaded = sorted(name for name in data if name in sys.modules)\n"
+        "assert not loaded, loaded\n"
+    )
+    subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True)

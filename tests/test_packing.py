@@ -19,10 +19,10 @@ from models.attention import segment_mask
 from models.build import make_model
 from models.embeddings import PositionalEncoding, sinusoidal_positions
 from models.transformer import shift_right_per_segment
-from training import loop
 from training.losses import weighted_metrics
 from training.optimizer import make_optimizer
 from training.runtime import sharding
+from training.state import initial_state, state_shardings
 from training.steps import compile_train_step, translation_loss
 
 # Without dropout, so that packed and unpacked rows run the same function.
@@ -281,7 +281,7 @@ def test_train_step_on_packed_rows_equals_the_step_on_unpacked_rows():
     model = make_model(config, vocab_size=CONFIG.vocab_size)
     tx, schedule = make_optimizer(config.optimizer, d_model=config.model.d_model)
     mesh = sharding.make_mesh(devices=jax.devices()[:1])
-    shardings = loop.state_shardings(config, model, tx, mesh)
+    shardings = state_shardings(config, model, tx, mesh)
     step = compile_train_step(
         'jit',
         mesh,
@@ -293,7 +293,7 @@ def test_train_step_on_packed_rows_equals_the_step_on_unpacked_rows():
     )
 
     def run(batch):
-        state = step.enter(loop.initial_state(config, model, tx, shardings))
+        state = step.enter(initial_state(config, model, tx, shardings))
         return jax.device_get(step.run(state, step.place_batch(batch), jax.random.key(1))[1])
 
     packed_metrics = run(pack(PAIRS, PACKED_ROWS, PACKED_LENGTH))

@@ -10,10 +10,9 @@ from tolerances import loss_rtol
 
 from configs import default
 from models.build import make_model
-from training import loop
 from training.optimizer import make_optimizer, rsqrt_schedule
 from training.runtime import sharding
-from training.state import create_train_state
+from training.state import create_train_state, initial_state, state_shardings
 from training.steps import compile_train_step, eval_step, train_step, translation_loss
 
 
@@ -143,7 +142,7 @@ def _compiled_step(compilation: str, peak_learning_rate: float = 3e-3):
     model = make_model(config, vocab_size=24)
     tx, schedule = make_optimizer(config.optimizer, d_model=config.model.d_model)
     mesh = sharding.make_mesh(devices=jax.devices()[:1])
-    shardings = loop.state_shardings(config, model, tx, mesh)
+    shardings = state_shardings(config, model, tx, mesh)
     step = compile_train_step(
         compilation,
         mesh,
@@ -153,7 +152,7 @@ def _compiled_step(compilation: str, peak_learning_rate: float = 3e-3):
         tx=tx,
         learning_rate_fn=schedule,
     )
-    return step, step.enter(loop.initial_state(config, model, tx, shardings))
+    return step, step.enter(initial_state(config, model, tx, shardings))
 
 
 def _run(step, state, batch):

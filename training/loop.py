@@ -19,47 +19,21 @@ from common.workdir import Workdir
 from models.build import is_classification
 from models.classifier import Classifier
 from models.transformer import TransformerConfig
-from training import divergence, flops, preemption, step_options
+from training import divergence, flops, preemption
 from training.checkpoints.checkpointer import Checkpointer, save_params
 from training.inference import load_trained_model, save_config
 from training.optimizer import make_optimizer
 from training.reporting import metric_log
 from training.reporting.metrics_writer import MetricWriter
 from training.runtime import sharding
-from training.state import TrainState, create_train_state
-from training.steps import LossFn, compile_train_step
+from training.state import TrainState, abstract_state, initial_state, state_shardings
+from training.steps import configured_train_step
 from training.tasks import base, classification, translation
 
 
 def make_task(config: ml_collections.ConfigDict) -> base.Task:
     """The task config.task names: 'translation' (the default) or 'classification'."""
     return classification.ClassificationTask() if is_classification(config) else translation.TranslationTask()
-
-
-def state_shardings(config: ml_collections.ConfigDict, model, tx, mesh: jax.sharding.Mesh) -> TrainState:
-    """NamedShardings of the train state on `mesh`: parameters and Adam moments as config.mesh.rules say."""
-    boxed = jax.eval_shape(lambda: create_train_state(model, tx, config.seed, boxed=True))
-    return sharding.shardings_from_boxes(boxed, mesh, config.mesh.rules)
-
-
-def initial_state(config: ml_collections.ConfigDict, model, tx, shardings: TrainState) -> TrainState:
-    """A fresh state from config.seed, laid out as `shardings`; each device computes only its own shards."""
-    return jax.jit(lambda: create_train_state(model, tx, config.seed), out_shardings=shardings)()
-
-
-def configured_train_step(config: ml_collections.ConfigDict, loss_fn: LossFn, tx, learning_rate_fn, mesh, shardings):
-    """The train step of `loss_fn` as config asks for it (jit or pmap, micro-batches), for `mesh` and `shardings`."""
-    return compile_train_step(
-        config.step_compilation,
-        mesh,
-        config.mesh.rules,
-        shardings,
-        loss_fn=loss_fn,
-        tx=tx,
-        learning_rate_fn=learning_rate_fn,
-        grad_accumulation_steps=config.grad_accumulation_steps,
-        prng_impl=step_options.option(config, "prng_impl"),
-    )
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
@@ -245,13 +219,7 @@ def restore_latest_checkpoint(
     any mesh: Orbax reads each device's shards. `model`, `tx` and the config's seed give the state's
     structure, without computing it.
     """
-    return checkpointer.restore_latest(_abstract_state(config, model, tx, mesh))
-
-
-def _abstract_state(config: ml_collections.ConfigDict, model, tx, mesh: jax.sharding.Mesh) -> TrainState:
-    """The train state's structure as jax.ShapeDtypeStructs with shardings, without computing it."""
-    like = jax.eval_shape(lambda: create_train_state(model, tx, config.seed))
-    return sharding.with_shardings(like, state_shardings(config, model, tx, mesh))
+    return checkpointer.restore_latest(abstract_state(config, model, tx, mesh))
 
 
 @contextlib.contextmanager

@@ -1,4 +1,8 @@
-"""The train state (a pytree) and the parameters it starts from."""
+"""The train state (a pytree), the parameters it starts from, and its layout on a device mesh.
+
+The builders here (`state_shardings`, `initial_state`, `abstract_state`) need no data: the
+training loop and benchmarks/accelerator_check.py build the same state from them.
+"""
 
 from typing import Any
 
@@ -6,10 +10,12 @@ import flax
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import ml_collections
 import optax
 
 from models.build import Model
 from models.classifier import Classifier
+from training.runtime import sharding
 
 
 @flax.struct.dataclass
@@ -49,3 +55,26 @@ def create_train_state(model: Model, tx: optax.GradientTransformation, seed: int
     if not boxed:
         params = nn.unbox(params)
     return TrainState(step=jnp.array(0, jnp.int32), params=params, opt_state=tx.init(params), rng=train_rng)
+
+
+def state_shardings(
+    config: ml_collections.ConfigDict, model: Model, tx: optax.GradientTransformation, mesh: jax.sharding.Mesh
+) -> TrainState:
+    """NamedShardings of the train state on `mesh`: parameters and Adam moments as config.mesh.rules say."""
+    boxed = jax.eval_shape(lambda: create_train_state(model, tx, config.seed, boxed=True))
+    return sharding.shardings_from_boxes(boxed, mesh, config.mesh.rules)
+
+
+def initial_state(
+    config: ml_collections.ConfigDict, model: Model, tx: optax.GradientTransformation, shardings: TrainState
+) -> TrainState:
+    """A fresh state from config.seed, laid out as `shardings`; each device computes only its own shards."""
+    return jax.jit(lambda: create_train_state(model, tx, config.seed), out_shardings=shardings)()
+
+
+def abstract_state(
+    config: ml_collections.ConfigDict, model: Model, tx: optax.GradientTransformation, mesh: jax.sharding.Mesh
+) -> TrainState:
+    """The train state's structure as jax.ShapeDtypeStructs with shardings, without computing it: a restore target."""
+    like = jax.eval_shape(lambda: create_train_state(model, tx, config.seed))
+    return sharding.with_shardings(like, state_shardings(config, model, tx, mesh))

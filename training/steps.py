@@ -16,12 +16,14 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import ml_collections
 import optax
 from jax import lax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from common.mesh_axes import LogicalRules
 from models import Packing, Transformer
+from training import step_options
 from training.losses import chunked_token_metrics, token_metrics
 from training.runtime import sharding
 from training.state import TrainState
@@ -283,4 +285,26 @@ def compile_train_step(
         place_batch=lambda batch: sharding.shard_batch(batch, mesh, rules),
         enter=lambda state: state,
         leave=lambda state: state,
+    )
+
+
+def configured_train_step(
+    config: ml_collections.ConfigDict,
+    loss_fn: LossFn,
+    tx: optax.GradientTransformation,
+    learning_rate_fn: optax.Schedule,
+    mesh: Mesh,
+    shardings: Any,
+) -> CompiledTrainStep:
+    """The train step of `loss_fn` as config asks for it (jit or pmap, micro-batches), for `mesh` and `shardings`."""
+    return compile_train_step(
+        config.step_compilation,
+        mesh,
+        config.mesh.rules,
+        shardings,
+        loss_fn=loss_fn,
+        tx=tx,
+        learning_rate_fn=learning_rate_fn,
+        grad_accumulation_steps=config.grad_accumulation_steps,
+        prng_impl=step_options.option(config, "prng_impl"),
     )
