@@ -7,7 +7,7 @@ Needs only jax, flax, optax, orbax, absl, ml_collections and NumPy (no TensorFlo
 SentencePiece: the batches are synthetic, `input_pipeline/synthetic.py`), so it runs on a
 GPU machine without the data stack; docs/accelerator_check.md says how to carry the wheels
 there. The step is the one train.py compiles (`make_model`, `make_optimizer`,
-`compile_train_step` over a 1-device mesh, the translation loss) in bfloat16, on packed rows
+`configured_train_step` over a 1-device mesh, the translation loss) in bfloat16, on packed rows
 of a copy task (target = source). Sizes: 'base' (configs/default.py, Transformer-base),
 'big' (Transformer-big: d_model 1024, d_ff 4096, 16 heads, dropout 0.3, the paper's Table 3),
 'tiny' (configs/tiny.py's model, for CPUs and the test).
@@ -80,8 +80,8 @@ from models.packing import BATCH_KEYS
 from training import flops
 from training.optimizer import make_optimizer, paper_peak
 from training.runtime import sharding
-from training.state import create_train_state
-from training.steps import compile_train_step, translation_loss
+from training.state import initial_state, state_shardings
+from training.steps import configured_train_step, translation_loss
 
 SECTIONS = ("step", "dtypes", "copy", "attention", "max_batch")
 _SIZES = flags.DEFINE_list("sizes", ["base", "big"], "Model sizes to check, in turn: tiny, base, big.")
@@ -206,22 +206,13 @@ class Check:
         self.mesh = sharding.make_mesh(config.mesh, devices=jax.devices()[:1])
         self.model = make_model(config, config.tokenizer.vocab_size)
         self.tx, schedule = make_optimizer(config.optimizer, d_model=config.model.d_model)
-        boxed = jax.eval_shape(lambda: create_train_state(self.model, self.tx, config.seed, boxed=True))
-        self.shardings = sharding.shardings_from_boxes(boxed, self.mesh, config.mesh.rules)
+        self.shardings = state_shardings(config, self.model, self.tx, self.mesh)
         self.loss_fn = functools.partial(
             translation_loss, model=self.model, label_smoothing=config.optimizer.label_smoothing
         )
         if blind:
             self.loss_fn = without_cross_attention(self.loss_fn)
-        self.train_step = compile_train_step(
-            "jit",
-            self.mesh,
-            config.mesh.rules,
-            self.shardings,
-            loss_fn=self.loss_fn,
-            tx=self.tx,
-            learning_rate_fn=schedule,
-        )
+        self.train_step = configured_train_step(config, self.loss_fn, self.tx, schedule, self.mesh, self.shardings)
         self.rng = np.random.default_rng(config.seed)
         self.state = None
         self.reset_state()
@@ -229,11 +220,9 @@ class Check:
         self.compiled = {}  # rows -> (lowered, compiled, compile seconds)
 
     def reset_state(self) -> None:
-        """A fresh train state from config.seed on the mesh (training/loop.py's initial_state)."""
+        """A fresh train state from config.seed on the mesh."""
         self.state = None  # Frees the old one first.
-        self.state = jax.jit(
-            lambda: create_train_state(self.model, self.tx, self.config.seed), out_shardings=self.shardings
-        )()
+        self.state = initial_state(self.config, self.model, self.tx, self.shardings)
 
     def batch(self, rows: int, length: int = 0) -> dict:
         """A fresh copy-task batch of `rows` rows of `length` (0: the size's), placed on the mesh."""

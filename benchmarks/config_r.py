@@ -19,9 +19,10 @@ from common.special_ids import BOS_ID, EOS_ID
 from configs import default
 from models.build import make_model
 from models.embeddings import sinusoidal_positions
-from training.loop import configured_train_step, initial_state, state_shardings
 from training.optimizer import make_optimizer
 from training.runtime import sharding
+from training.state import initial_state, state_shardings
+from training.steps import configured_train_step
 from training.tasks.translation import TranslationTask
 
 
