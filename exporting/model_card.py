@@ -37,8 +37,10 @@ _DECODING_NOTES = {
     ),
     "ctranslate2": (
         "Sources need no added token: the model appends `</s>` itself, as `translate.py` does. "
-        "CTranslate2's `length_penalty` is GNMT's ((5 + length) / 6) ** alpha, as `translate.py`'s; "
-        "pass the run's `beam_size` and `length_penalty` (config.eval) to `translate_batch`."
+        "With `beam_size=1` `translate_batch` decodes as `translate.py` does (pass `min_decoding_length=0`: "
+        "its default of 1 forbids `</s>` first). Beam search ranks hypotheses alike only with "
+        "length_penalty 0: CTranslate2 divides log P by length ** alpha, `translate.py` by GNMT's "
+        "((5 + length) / 6) ** alpha."
     ),
 }
 
