@@ -68,10 +68,10 @@ def test_variants_and_flag_sets_that_cannot_run_stop_with_one_error_line(argumen
     assert done.stderr.strip().splitlines()[-1].startswith(message)
 
 
-def test_a_variant_sets_nested_and_new_fields():
-    config = step_variants.with_variant(
-        step_variants.tiny_model(), "model.attention_implementation=xla+loss_chunks=4+optimizer.eps=1e-8"
-    )
+def test_a_variant_sets_nested_and_top_level_fields_on_a_copy():
+    base = step_variants.tiny_model()
+    config = step_variants.with_variant(base, "model.attention_implementation=xla+loss_chunks=4+optimizer.eps=1e-8")
     assert config.model.attention_implementation == "xla"
     assert config.loss_chunks == 4 and config.optimizer.eps == 1e-8
-    assert "loss_chunks" not in step_variants.tiny_model()  # The base config is left as it was.
+    # The base config is left as it was.
+    assert base.model.attention_implementation != "xla" and base.loss_chunks != 4 and base.optimizer.eps != 1e-8
