@@ -53,6 +53,25 @@ def _peer(figures: dict) -> str:
     return cell + (f"; bfloat16 MFU {variants['bfloat16']['mfu']:.0%}" if "bfloat16" in variants else "")
 
 
+def _peer_on_accelerator(figures: dict) -> str:
+    ours, compiled = figures["contenders"]["default"], figures["contenders"]["torch_compile"]
+    return (
+        f"{ours['step_ms']:.1f} ms a step, {ours['vs_torch_compile']:.2f}× `torch.compile`'s target tokens/s "
+        f"({compiled['step_ms']:.1f} ms), {ours['vs_torch']:.2f}× eager's; MFU {ours['mfu']:.0%}"
+    )
+
+
+def _workflow(figures: dict) -> str:
+    phases = figures["phases"]
+    scores = [
+        f"test BLEU {phases[name]['test']['bleu']:.2f} {phases[name]['test']['decoding']}"
+        for name in ("train", "beam")
+        if "test" in phases.get(name, {})
+    ]
+    verdict = "every phase passed" if figures["passed"] else "FAILED"
+    return f"{verdict} in {_minutes(figures['wall_seconds'])}; " + ", ".join(scores)
+
+
 def _accelerator(figures: dict) -> str:
     def speed(step: dict) -> str:
         return f"{step['target_tokens_per_s']:,.0f} at {step['target_positions']:,} (MFU {step['mfu']:.0%})"
@@ -155,7 +174,17 @@ class Row:
 ROWS = (
     Row("quick-start: the main command, from an empty workdir", "quickstart_*", _figures(_quickstart)),
     Row("quick-start's checkpoint, beam search", "quickstart_*", _figures(_beam)),
-    Row("train step against PyTorch 2.13 eager `nn.Transformer` (config R)", "peer_throughput_*", _figures(_peer)),
+    Row(
+        "the README's workflow on a GPU: cuDNN attention at length 64, main command, beam 4, translate, export",
+        "workflow_check_gpu",
+        _figures(_workflow),
+    ),
+    Row("train step against PyTorch 2.13 eager `nn.Transformer` (config R)", "peer_throughput_cpu*", _figures(_peer)),
+    Row(
+        "Transformer-base train step (bf16, 96 × 256) against PyTorch eager and `torch.compile`",
+        "peer_throughput_base_*",
+        _figures(_peer_on_accelerator),
+    ),
     Row("classification of the bundled help topics (7 classes)", "classify_*", _figures(_classification)),
     Row("quick-start model exported, translating the test set", "export_agreement_*", _export_agreement),
     Row("decoding speed beside CTranslate2, the same weights", "decode_speed_*", _decode_speed),

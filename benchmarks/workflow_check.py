@@ -1,6 +1,6 @@
 r"""The README's workflow on an accelerator, run as a user runs it: attention, train, beam, translate, export.
 
-  python -m benchmarks.workflow_check   # meant to fit in ~5 minutes on one H100, compiles included
+  python -m benchmarks.workflow_check   # 6 minutes on one H100, compiles included (docs/results/workflow_check_gpu.md)
 
 Each phase is a subprocess started from the repository's root, timed from its start to its exit:
 
