@@ -118,6 +118,9 @@ class Ours:
 
     def _translate_ids(self, beam_size: int, length_penalty: float | None) -> list[list[int]]:
         config = self.config.copy_and_resolve_references()
+        # One bucket: the sentences in one batch, one compiled decoding. Each output has its own
+        # sentence's budget whatever batch it is in (translation_eval.translate_ids).
+        config.dataset.bucket_boundaries = (config.dataset.max_length,)
         config.eval.beam_size = beam_size
         if length_penalty is not None:
             config.eval.length_penalty = length_penalty
@@ -131,8 +134,19 @@ class Ours:
         return decode_length(lengths, self.config.eval.max_decode_length).tolist()
 
     def logits(self, sources: np.ndarray, targets: np.ndarray) -> np.ndarray:
-        """Teacher-forced float32 logits [batch, tgt_len, vocab] of padded id batches."""
-        return np.array(_teacher_forced_logits(self.trained.model, self.trained.params, sources, targets))
+        """Teacher-forced float32 logits [batch, tgt_len, vocab] of padded id batches.
+
+        Computed on the batches padded to the longest source and output (one compiled shape for every
+        call): padding changes no logit, masked out of attention and after every target in the causal
+        decoder, and adds only exact zeros to attention's sums.
+        """
+        longest_source, longest_target = self.config.dataset.max_length, self.config.eval.max_decode_length + 1
+        padded = [
+            np.pad(ids, ((0, 0), (0, n - ids.shape[1])), constant_values=PAD_ID)
+            for ids, n in ((sources, longest_source), (targets, longest_target))
+        ]
+        logits = _teacher_forced_logits(self.trained.model, self.trained.params, *padded)
+        return np.array(logits[:, : targets.shape[1]])
 
 
 @functools.partial(jax.jit, static_argnums=0)

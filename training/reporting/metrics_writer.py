@@ -1,23 +1,46 @@
 """Scalars and figures to TensorBoard event files, scalars also as JSON lines and to the log, from process 0 only."""
 
+import contextlib
 import os
 import socket
+import sys
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING
 
 import jax
 from absl import logging
-from tensorboardX import summary
-from tensorboardX.proto.event_pb2 import Event
-from tensorboardX.proto.summary_pb2 import Summary
-from tensorboardX.record_writer import RecordWriter
-from tensorboardX.utils import figure_to_image
 
 from common import io_errors
 from common.workdir import Workdir
 from training.reporting import metric_log
+
+
+@contextlib.contextmanager
+def _torch_hidden() -> Iterator[None]:
+    """`import torch` fails inside, unless torch is imported already.
+
+    tensorboardX's package imports torch where it is installed (the export extra), for its
+    SummaryWriter's tensors: 3-4 s and hundreds of MB at the start of every run that writes
+    events. The modules used here need no torch.
+    """
+    if "torch" in sys.modules:
+        yield
+        return
+    sys.modules["torch"] = None  # An import of a module set to None raises ImportError.
+    try:
+        yield
+    finally:
+        del sys.modules["torch"]
+
+
+with _torch_hidden():
+    from tensorboardX import summary
+    from tensorboardX.proto.event_pb2 import Event
+    from tensorboardX.proto.summary_pb2 import Summary
+    from tensorboardX.record_writer import RecordWriter
+    from tensorboardX.utils import figure_to_image
 
 if TYPE_CHECKING:  # matplotlib is imported only by the code that draws figures.
     from matplotlib.figure import Figure
