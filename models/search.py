@@ -31,17 +31,17 @@ ChooseToken = Callable[[Array, Array], Array]
 NEG_INF = -1.0e9
 
 
-def _forbid_special_tokens(logits: Array, bos_id: int, pad_id: int) -> Array:
+def forbid_special_tokens(logits: Array, bos_id: int, pad_id: int) -> Array:
     """Sets the logits of <bos> and <pad>, which are never generated, to NEG_INF. [rows, vocab]."""
     return logits.at[:, jnp.array([bos_id, pad_id])].set(NEG_INF)
 
 
-def _row_budgets(budgets: Array | None, rows: int, max_length: int) -> Array:
+def row_budgets(budgets: Array | None, rows: int, max_length: int) -> Array:
     """[rows] int32 output budgets: the given ones, or max_length for every row."""
     return jnp.full((rows,), max_length, jnp.int32) if budgets is None else jnp.asarray(budgets, jnp.int32)
 
 
-def _where_rows(take: Array, new: Any, old: Any) -> Any:
+def where_rows(take: Array, new: Any, old: Any) -> Any:
     """Leaves of `new` in the rows where take [rows] is True, of `old` elsewhere (same shapes)."""
 
     def pick(n, o):
@@ -50,11 +50,12 @@ def _where_rows(take: Array, new: Any, old: Any) -> Any:
     return jax.tree.map(pick, new, old)
 
 
-def _fields(record: NamedTuple, names) -> dict:
+def fields_of(record: NamedTuple, names) -> dict:
+    """{name: record.name} for each of `names`."""
     return {name: getattr(record, name) for name in names}
 
 
-def _run_until(step: Callable, carry, done: Callable[[Any], Array], min_done: Array | int | None):
+def run_until(step: Callable, carry, done: Callable[[Any], Array], min_done: Array | int | None):
     """Steps `carry` until every row is done, or (min_done given) at least min_done rows are."""
 
     def go_on(carry):
@@ -65,7 +66,7 @@ def _run_until(step: Callable, carry, done: Callable[[Any], Array], min_done: Ar
     return jax.lax.while_loop(go_on, step, carry)
 
 
-def _first_tokens(shape: tuple[int, ...], bos_id: int, pad_id: int) -> Array:
+def first_tokens(shape: tuple[int, ...], bos_id: int, pad_id: int) -> Array:
     """Tokens of hypotheses that have generated nothing: <bos>, then padding. [*shape] int32."""
     return jnp.full(shape, pad_id, jnp.int32).at[..., 0].set(bos_id)
 
@@ -124,10 +125,10 @@ def greedy_rows(state, context, finished: Array, budgets: Array | None, *, max_l
     rows = finished.shape[0]
     return Rows(
         step=jnp.array(0, jnp.int32),
-        tokens=_first_tokens((rows, max_length + 1), bos_id, pad_id),
+        tokens=first_tokens((rows, max_length + 1), bos_id, pad_id),
         positions=jnp.zeros(rows, jnp.int32),
         finished=finished,
-        budgets=_row_budgets(budgets, rows, max_length),
+        budgets=row_budgets(budgets, rows, max_length),
         state=state,
         context=context,
     )
@@ -140,7 +141,7 @@ def insert_greedy_rows(rows: Rows, take: Array, new: Rows) -> Rows:
     out, so a new sentence never sees what the old one left there.
     """
     fields = ('tokens', 'positions', 'finished', 'budgets', 'context')
-    return rows._replace(**_where_rows(take, _fields(new, fields), _fields(rows, fields)))
+    return rows._replace(**where_rows(take, fields_of(new, fields), fields_of(rows, fields)))
 
 
 def run_greedy(
@@ -163,7 +164,7 @@ def run_greedy(
 
     def step(rows: Rows) -> Rows:
         logits, state = next_token_logits(rows.positions, rows.tokens, rows.state, rows.context)
-        logits = _forbid_special_tokens(logits.astype(jnp.float32), bos_id, pad_id)
+        logits = forbid_special_tokens(logits.astype(jnp.float32), bos_id, pad_id)
         next_token = choose_token(logits, jax.random.fold_in(rng, rows.step))
         next_token = jnp.where(rows.finished, pad_id, next_token)
         # A finished row writes <pad> after its last token (within the array), where <pad> already is.
@@ -174,7 +175,7 @@ def run_greedy(
         positions = jnp.where(rows.finished, rows.positions, rows.positions + 1)
         return rows._replace(step=rows.step + 1, tokens=tokens, positions=positions, finished=finished, state=state)
 
-    return _run_until(step, rows, lambda rows: rows.finished, min_finished)
+    return run_until(step, rows, lambda rows: rows.finished, min_finished)
 
 
 def search_loop(
@@ -307,7 +308,7 @@ def beam_rows(
 ):
     """`Beams` before the first step. skip: [batch] bool, rows that need no decoding (filler rows)."""
     batch_size, k = skip.shape[0], beam_size
-    empty = _first_tokens((batch_size, k, max_length + 1), bos_id, pad_id)
+    empty = first_tokens((batch_size, k, max_length + 1), bos_id, pad_id)
     # All live beams start as the same <bos> hypothesis: only one may be extended at
     # first, or the row would fill with copies of the same hypotheses.
     return Beams(
@@ -317,7 +318,7 @@ def beam_rows(
         live_log_probs=jnp.where(jnp.arange(k) == 0, 0.0, NEG_INF) * jnp.ones((batch_size, 1)),
         finished_tokens=empty,
         finished_scores=jnp.full((batch_size, k), NEG_INF),
-        budgets=_row_budgets(budgets, batch_size, max_length),
+        budgets=row_budgets(budgets, batch_size, max_length),
         skip=skip,
         state=state,
         context=context,
@@ -330,8 +331,8 @@ def insert_beam_rows(beams: Beams, take: Array, new: Beams) -> Beams:
     The replaced hypotheses' self-attention cache is kept (see `insert_greedy_rows`).
     """
     per_sentence = [f for f in Beams._fields if f not in ('step', 'state', 'context')]
-    replaced = _where_rows(take, _fields(new, per_sentence), _fields(beams, per_sentence))
-    context = _where_rows(jnp.repeat(take, beams.live_tokens.shape[1]), new.context, beams.context)
+    replaced = where_rows(take, fields_of(new, per_sentence), fields_of(beams, per_sentence))
+    context = where_rows(jnp.repeat(take, beams.live_tokens.shape[1]), new.context, beams.context)
     return beams._replace(**replaced, context=context)
 
 
@@ -363,7 +364,7 @@ def run_beams(
         logits, state = next_token_logits(
             jnp.repeat(position, k), beams.live_tokens.reshape(batch_size * k, -1), beams.state, beams.context
         )
-        logits = _forbid_special_tokens(logits.astype(jnp.float32), bos_id, pad_id)
+        logits = forbid_special_tokens(logits.astype(jnp.float32), bos_id, pad_id)
         # The 2k best extensions: [batch, 2k] each (enough that k of them are not <eos>).
         top_log_probs, parent, token = top_extensions(logits.reshape(batch_size, k, -1), beams.live_log_probs, 2 * k)
         tokens = jnp.take_along_axis(beams.live_tokens, parent[:, :, None], axis=1)
@@ -397,7 +398,7 @@ def run_beams(
             state=_gather_beams(state, parent, batch_size),
         )
 
-    return _run_until(step, beams, lambda beams: beams_done(beams, alpha), min_done)
+    return run_until(step, beams, lambda beams: beams_done(beams, alpha), min_done)
 
 
 def beam_search_loop(
