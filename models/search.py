@@ -3,7 +3,7 @@
 The search loops (this one, with a token chooser, and beam search in models/beam_search.py) are
 `lax.while_loop`s over rows that each keep their own position, so that a row that is done can be
 replaced by a new sentence between two runs of the loop (`insert_greedy_rows` here,
-`insert_beam_rows` there; models/streaming.py drives that) while the others go on. They never emit
+`insert_beam_rows` there; models/refill.py drives that) while the others go on. They never emit
 <pad> or <bos>. They take the model as a `NextTokenLogits` function (models/decoding.py binds
 the Transformer to one), so that they can be tested on scripted logits. Tokens are [rows,
 max_length] int32 ids, each row ending at its first <eos> (included) and padded after it; a row
