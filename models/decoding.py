@@ -4,7 +4,8 @@ The encoder runs once per batch, cross-attention keys/values are computed once
 per sentence, and each step runs the decoder for one new position only
 (`Transformer.decode_step`). With `use_cache=False` the decoder reruns over the
 whole prefix at every step: the reference the cached path is tested and
-benchmarked against. The loops themselves are in models/search.py.
+benchmarked against. The loops themselves are in models/search.py and
+models/beam_search.py.
 
 Outputs are [batch, max_length] int32 ids, each row ending at its first <eos>
 (included) and padded after it; a row that reaches its budget (`decode_length` of its
@@ -18,8 +19,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from models.beam_search import beam_search_loop
 from models.config import TransformerConfig
-from models.search import ChooseToken, NextTokenLogits, beam_search_loop, search_loop
+from models.search import ChooseToken, NextTokenLogits, search_loop
 from models.transformer import DecoderCache, Transformer
 
 Array = jax.Array
@@ -218,7 +220,7 @@ def decoding_memory_bytes(
       - the self-attention keys and values of every decoder layer,
         [rows, max_length, heads * d_k] and [rows, max_length, d_model] in the
         compute dtype; twice with beam search, whose reordering by beam
-        (`_gather_beams` in models/search.py) writes a new copy while the old one is read;
+        (`_gather_beams` in models/beam_search.py) writes a new copy while the old one is read;
       - the cross-attention keys and values, [rows, source_length, heads * d_k]
         and [rows, source_length, d_model] per layer (computed once, repeated
         for every beam);

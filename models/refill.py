@@ -1,10 +1,11 @@
 """Decoding many sentences in a fixed set of rows, each finished row refilled with the next sentence.
 
 A batch decoded as a whole runs until its longest sentence ends, and every finished row keeps
-its share of the work. Here the rows run in segments of the search loop (models/search.py), each
-until enough rows are done; between segments the finished translations are read out and their
-rows take the next sentences, already encoded a batch ahead. Every row keeps its own position,
-so the arrays keep one shape and each bucket of source lengths compiles once.
+its share of the work. Here the rows run in segments of the search loops (models/search.py,
+models/beam_search.py), each until enough rows are done; between segments the finished
+translations are read out and their rows take the next sentences, already encoded a batch
+ahead. Every row keeps its own position, so the arrays keep one shape and each bucket of source
+lengths compiles once.
 
 A sentence's translation is what decoding it in any batch of the same shapes gives: every step
 computes each row on its own, and the batches that are encoded are those of the whole-batch
@@ -20,17 +21,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from models.beam_search import beam_rows, beams_done, insert_beam_rows, run_beams
 from models.decoding import cached_next_token_logits, is_filler, model_next_token_logits
-from models.search import (
-    argmax_token,
-    beam_rows,
-    beams_done,
-    greedy_rows,
-    insert_beam_rows,
-    insert_greedy_rows,
-    run_beams,
-    run_greedy,
-)
+from models.search import argmax_token, greedy_rows, insert_greedy_rows, run_greedy
 from models.transformer import Transformer
 
 Array = jax.Array

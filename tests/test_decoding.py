@@ -13,16 +13,9 @@ from conftest import TINY_MODEL
 from tolerances import FLOAT32_EPS, rounding_tolerance, transformer_operations
 
 from models import Transformer
+from models.beam_search import beam_search_loop, length_penalty, top_extensions
 from models.decoding import beam_search, decode_length, generate
-from models.search import (
-    NEG_INF,
-    argmax_token,
-    beam_search_loop,
-    length_penalty,
-    sampled_token,
-    search_loop,
-    top_extensions,
-)
+from models.search import NEG_INF, argmax_token, sampled_token, search_loop
 
 BOS, EOS, PAD = 2, 3, 0
 

@@ -410,7 +410,7 @@ class Scored:
     largest: float  # max|logit| over the ids that may be generated.
 
     def gnmt_scores(self, alpha: float) -> np.ndarray:
-        """Our ranking: log P / ((5 + |Y|) / 6) ** alpha, |Y| counting <eos> (models/search.py)."""
+        """Our ranking: log P / ((5 + |Y|) / 6) ** alpha, |Y| counting <eos> (models/beam_search.py)."""
         return self.log_probs / ((5 + self.lengths) / 6) ** alpha
 
 
