@@ -85,6 +85,7 @@ def dot_product_attention(
     deterministic: bool = True,
     dtype: Dtype = jnp.float32,
     relative: RelativeTerms | None = None,
+    heads_first: bool = False,
 ) -> tuple[Array, Array]:
     """Attention(Q, K, V) = softmax(Q K^T / sqrt(d_k)) V, independently per head.
 
@@ -93,8 +94,8 @@ def dot_product_attention(
 
     Args:
         query: [batch, q_len, heads, d_k].
-        key: [batch, kv_len, heads, d_k].
-        value: [batch, kv_len, heads, d_v].
+        key: [batch, kv_len, heads, d_k], or [batch, heads, kv_len, d_k] with `heads_first`.
+        value: [batch, kv_len, heads, d_v], or [batch, heads, kv_len, d_v] with `heads_first`.
         mask: bool, broadcastable to [batch, heads, q_len, kv_len]; True = attend.
             None attends everywhere.
         dropout_rng: PRNG key for dropout on the attention weights; needed only when
@@ -103,6 +104,8 @@ def dot_product_attention(
         deterministic: disables dropout.
         dtype: matmul operand dtype; the logits, softmax and output are float32.
         relative: relative position tables and distances (models/positions.py), or None.
+        heads_first: keys and values laid out as both products read them, batch and heads
+            leading: a decoder's cache, which would otherwise be transposed whole at every step.
 
     Returns:
         output: [batch, q_len, heads, d_v] float32.
@@ -112,7 +115,8 @@ def dot_product_attention(
     head_dim = query.shape[-1]
     # Scaling the queries is cheaper than scaling the [q_len, kv_len] logits.
     query = query / jnp.sqrt(jnp.float32(head_dim))
-    logits = float32_accumulating_einsum('bqhd,bkhd->bhqk', query, key, dtype=dtype)
+    kv = 'bhkd' if heads_first else 'bkhd'
+    logits = float32_accumulating_einsum(f'bqhd,{kv}->bhqk', query, key, dtype=dtype)
     if relative is not None:
         logits = logits + relative_logits(query, relative.key_table, relative.distances, dtype=dtype)
     if mask is not None:
@@ -124,7 +128,7 @@ def dot_product_attention(
         keep = jax.random.bernoulli(dropout_rng, 1.0 - dropout_rate, weights.shape)
         attended_weights = jnp.where(keep, weights / (1.0 - dropout_rate), 0.0)
 
-    output = float32_accumulating_einsum('bhqk,bkhd->bqhd', attended_weights, value, dtype=dtype)
+    output = float32_accumulating_einsum(f'bhqk,{kv}->bqhd', attended_weights, value, dtype=dtype)
     if relative is not None and relative.value_table is not None:
         output = output + relative_values(attended_weights, relative.value_table, relative.distances, dtype=dtype)
     return output, weights
@@ -278,17 +282,20 @@ class MultiHeadAttention(nn.Module):
         query_positions: Array | None = None,
         key_positions: Array | None = None,
         implementation: str | None = None,
+        heads_first: bool = False,
     ) -> Array:
         """Attends from `inputs_q` [batch, q_len, d_model] to projected keys and values.
 
         Args:
             inputs_q: [batch, q_len, d_model].
-            key: [batch, kv_len, heads, d_k] and value: [batch, kv_len, heads, d_v] from `project_key_value`.
+            key: [batch, kv_len, heads, d_k] and value: [batch, kv_len, heads, d_v] from `project_key_value`,
+                or [batch, heads, kv_len, d_k or d_v] with `heads_first` (a decoder's cache).
             mask: bool, broadcastable to [batch, heads, q_len, kv_len]; True = attend.
             deterministic: disables attention dropout.
             query_positions: [batch, q_len] int; needed with rotary and relative positions.
             key_positions: [batch, kv_len] int; needed with relative positions.
             implementation: overrides `self.implementation` for this call.
+            heads_first: the layout of `key` and `value`; the explicit formula reads it directly.
 
         Returns:
             [batch, q_len, d_model] float32.
@@ -302,6 +309,7 @@ class MultiHeadAttention(nn.Module):
         dropout = not deterministic and self.dropout_rate > 0.0
         fused = (
             implementation != 'explicit'
+            and not heads_first
             and not dropout
             and self.positions != 'relative'
             and query.shape[-1] == value.shape[-1]
@@ -325,6 +333,7 @@ class MultiHeadAttention(nn.Module):
             deterministic=deterministic,
             dtype=self.dtype,
             relative=relative,
+            heads_first=heads_first,
         )
         self.sow('intermediates', 'attention_weights', weights)
         return self.output(heads)

@@ -209,16 +209,21 @@ class DecoderLayer(nn.Module):
         )
 
     def init_cache(self, encoded: Array, max_length: int) -> LayerCache:
-        """The cache before the first step: cross-attention keys/values of `encoded`, empty self-attention slots."""
+        """The cache before the first step: cross-attention keys/values of `encoded`, empty self-attention slots.
+
+        Every entry is [batch, heads, length, d_k or d_v] (length: `max_length` slots, or the source's),
+        the layout attention's two products read, in the compute dtype they cast to: no step
+        transposes or converts a whole cache.
+        """
         config = self.config
-        # Stored in the compute dtype: attention casts keys and values to it anyway.
         dtype = jnp.dtype(config.dtype)
         cross_key, cross_value = self.cross_attention.project_key_value(encoded)
+        batch = encoded.shape[0]
         return {
-            'self_key': jnp.zeros((encoded.shape[0], max_length, config.num_heads, config.d_k), dtype),
-            'self_value': jnp.zeros((encoded.shape[0], max_length, config.num_heads, config.d_v), dtype),
-            'cross_key': cross_key.astype(dtype),
-            'cross_value': cross_value.astype(dtype),
+            'self_key': jnp.zeros((batch, config.num_heads, max_length, config.d_k), dtype),
+            'self_value': jnp.zeros((batch, config.num_heads, max_length, config.d_v), dtype),
+            'cross_key': jnp.swapaxes(cross_key, 1, 2).astype(dtype),
+            'cross_value': jnp.swapaxes(cross_value, 1, 2).astype(dtype),
         }
 
     def decode_step(
@@ -239,13 +244,13 @@ class DecoderLayer(nn.Module):
         new_cache = dict(cache)
         # Each row's query and new key sit at its position; the cache's slots hold 0 .. max_length - 1.
         query_positions = positions[:, None]
-        slots = jnp.arange(cache['self_key'].shape[1], dtype=jnp.int32)
+        slots = jnp.arange(cache['self_key'].shape[2], dtype=jnp.int32)
         rows = jnp.arange(x.shape[0])
 
         def self_attend(h: Array) -> Array:
             key, value = self.self_attention.project_key_value(h, query_positions)  # [batch, 1, heads, d_k or d_v]
             for name, new in (('self_key', key), ('self_value', value)):
-                new_cache[name] = cache[name].at[rows, positions].set(new[:, 0].astype(cache[name].dtype))
+                new_cache[name] = cache[name].at[rows, :, positions].set(new[:, 0].astype(cache[name].dtype))
             # Slots after a row's position are empty (or left by an earlier sentence): the causal mask hides them.
             visible = slots[None, :] <= query_positions  # [batch, max_length]
             # One query a step: the explicit formula (fused kernels gain nothing at q_len 1).
@@ -258,6 +263,7 @@ class DecoderLayer(nn.Module):
                 query_positions=query_positions,
                 key_positions=slots[None],
                 implementation='explicit',
+                heads_first=True,
             )
 
         def cross_attend(h: Array) -> Array:
@@ -268,6 +274,7 @@ class DecoderLayer(nn.Module):
                 cross_attention_mask,
                 deterministic=True,
                 implementation='explicit',
+                heads_first=True,
             )
 
         return self._sublayers(x, self_attend, cross_attend, deterministic=True), new_cache
