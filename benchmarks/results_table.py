@@ -117,45 +117,36 @@ def _export_agreement(record: dict, results_dir: str) -> str:
     )
 
 
-def _decode_speed(record: dict, results_dir: str) -> str:
-    figures = record["figures"]
+def _decode_speed(figures: dict) -> str:
+    def seconds(command: str) -> str:
+        by_beam = {p["beam_size"]: p["seconds"] for p in figures["whole_processes"] if p["command"] == command}
+        return f"{by_beam[1]:.1f} / {by_beam[4]:.1f} s"
 
-    def speed(engine: str, beam_size: int) -> str:
-        row = next(r for r in figures["rows"] if r["engine"] == engine and r["beam_size"] == beam_size)
-        return f"{row['output_tokens_per_second']:,.0f}"
+    def subwords_per_second(engine: str) -> str:
+        by_beam = {r["beam_size"]: r["output_subwords_per_second"] for r in figures["rows"] if r["engine"] == engine}
+        return f"{by_beam[1]:,.0f} / {by_beam[4]:,.0f}"
 
-    ours = next(r["engine"] for r in figures["rows"] if r["engine"].endswith(", cached"))
-    batch = f"{figures['batch']} test sentences × {figures['length']} forced tokens"
-    cell = f"output tokens/s, greedy / beam 4, on {batch}: " + "; ".join(
-        f"{name} {speed(engine, 1)} / {speed(engine, 4)}"
+    processes = "; ".join(
+        f"{name} {seconds(command)}"
+        for name, command in (
+            ("`translate.py` float32", "translate.py, float32"),
+            ("'auto'", "translate.py, auto"),
+            ("CTranslate2 float32", "CTranslate2 script, float32"),
+            ("int8", "CTranslate2 script, int8"),
+        )
+    )
+    in_process = "; ".join(
+        f"{name} {subwords_per_second(engine)}"
         for name, engine in (
-            (ours.removesuffix(", cached").replace("this project", "ours"), ours),
+            ("ours float32", "this project, float32"),
             ("CTranslate2 float32", "CTranslate2, float32"),
             ("int8", "CTranslate2, int8"),
         )
     )
-    return cell + _whole_test_set(record, results_dir)
-
-
-def _whole_test_set(record: dict, results_dir: str) -> str:
-    """Greedy and beam-4 speeds on the whole test set, from the export agreement record of the same kind of CPU."""
-    name = f"export_agreement_{record['machine']['cpu_kind']}"
-    if not os.path.exists(os.path.join(results_dir, name + ".json")):
-        return ""
-    rows = records.read(name, results_dir)["figures"]["rows"]
-
-    def speeds(engine: str) -> str:
-        return " / ".join(
-            f"{row['output_subwords_per_second']:,.0f}"
-            for decoding in ("greedy", "beam 4, alpha 0.6")
-            for row in rows
-            if row["engine"] == engine and row["decoding"] == decoding
-        )
-
-    page = os.path.relpath(os.path.join(results_dir, name + ".md"), records.REPO_ROOT)
     return (
-        f". On the whole test set CTranslate2 float32 is faster: {speeds('CTranslate2, float32')} output subwords/s "
-        f"against ours, in float32, {speeds('this project, float32')} ([{name}]({page}))"
+        f"the whole test split ({figures['lines']:,} lines), greedy / beam 4, as whole processes (start, load, "
+        f"compile, decode, write): {processes}. Decoding alone, output subwords/s, the engines alternating in one "
+        f"process: {in_process}"
     )
 
 
@@ -187,7 +178,7 @@ ROWS = (
     ),
     Row("classification of the bundled help topics (7 classes)", "classify_*", _figures(_classification)),
     Row("quick-start model exported, translating the test set", "export_agreement_*", _export_agreement),
-    Row("decoding speed beside CTranslate2, the same weights", "decode_speed_*", _decode_speed),
+    Row("decoding speed beside CTranslate2, the same weights", "decode_speed_test_set_*", _figures(_decode_speed)),
     Row(
         "Transformer-base and -big train step, bf16, one device",
         "accelerator_check_base_big_*",
