@@ -85,12 +85,15 @@ def _draw_attention_maps(trained, lines: list[str], translations: list[str], out
 
 def translate(workdir: str) -> None:
     from training import inference, text_io  # pylint: disable=g-import-not-at-top  (JAX starts here)
+    from training.runtime import compilation_cache  # pylint: disable=g-import-not-at-top
     from training.tasks import translation  # pylint: disable=g-import-not-at-top  (JAX starts here)
 
     config = _CONFIG.value if _CONFIG.value is not None else inference.load_config(workdir)
     if config.task != "translation":
         raise UserInputError(f"{workdir} holds a {config.task} run, not a translation model; use classify.py for it.")
     config = _decoding_config(config)
+    # As train.py: a later translation with the same shapes reads its compiled decoding back.
+    compilation_cache.enable(config.get("compilation_cache_dir", compilation_cache.DEFAULT_DIR))
     lines = text_io.read_input_lines(_INPUT.value)
     # 'source<TAB>target' lines are for attention maps; otherwise a tab is part of the sentence.
     sources = [line.partition("\t")[0] for line in lines] if _ATTENTION_MAPS.value else lines

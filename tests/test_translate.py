@@ -57,6 +57,25 @@ def test_translate_from_a_file_equals_stdin_and_greedy_equals_beam_one(trained_w
     assert len(beam_one.stdout.splitlines()) == 2
 
 
+def test_translate_keeps_its_compiled_decoding_in_the_runs_cache_folder(trained_workdir, tmp_path):
+    workdir = str(tmp_path / "run")
+    shutil.copytree(trained_workdir, workdir)
+    config_path = os.path.join(workdir, "config.json")
+    with open(config_path, encoding="utf-8") as f:
+        config = json.load(f)
+    cache = tmp_path / "cache"
+    config["compilation_cache_dir"] = str(cache)
+    with open(config_path, "w", encoding="utf-8") as f:
+        json.dump(config, f)
+    outputs = []
+    for _ in range(2):
+        result = run_entry_point("translate.py", f"--workdir={workdir}", stdin="Click OK.\nSelect a cell.\n")
+        assert result.returncode == 0, result.stderr[-3000:]
+        outputs.append(result.stdout)
+    assert os.listdir(cache), "translate.py kept no compiled program"
+    assert outputs[0] == outputs[1]
+
+
 def test_translate_reports_bad_requests_in_one_line(trained_workdir, tmp_path):
     cases = [
         (["--beam_size=2", "--temperature=0.7"], "config.eval.temperature"),

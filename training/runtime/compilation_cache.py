@@ -32,5 +32,8 @@ def enable(cache_dir: str) -> str | None:
         logging.warning("No compilation cache: cannot create %s (%s); every step compiles anew.", path, e.strerror)
         return None
     jax.config.update("jax_compilation_cache_dir", path)
+    # Every program, not only those compiling for over a second (JAX's default): decoding compiles a few
+    # small programs per bucket, each under that, which together are much of translate.py's start.
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     logging.info("Compilation cache: %s", path)
     return path
