@@ -93,7 +93,7 @@ def translate(workdir: str) -> None:
         raise UserInputError(f"{workdir} holds a {config.task} run, not a translation model; use classify.py for it.")
     config = _decoding_config(config)
     # As train.py: a later translation with the same shapes reads its compiled decoding back.
-    compilation_cache.enable(config.get("compilation_cache_dir", compilation_cache.DEFAULT_DIR))
+    compilation_cache.enable(config.compilation_cache_dir)
     lines = text_io.read_input_lines(_INPUT.value)
     # 'source<TAB>target' lines are for attention maps; otherwise a tab is part of the sentence.
     sources = [line.partition("\t")[0] for line in lines] if _ATTENTION_MAPS.value else lines

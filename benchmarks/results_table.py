@@ -118,13 +118,15 @@ def _export_agreement(record: dict, results_dir: str) -> str:
 
 
 def _decode_speed(figures: dict) -> str:
+    def greedy_and_beam(entries: list[dict], name_field: str, name: str, value_field: str, form: str) -> str:
+        by_beam = {entry["beam_size"]: entry[value_field] for entry in entries if entry[name_field] == name}
+        return f"{by_beam[1]:{form}} / {by_beam[4]:{form}}"
+
     def seconds(command: str) -> str:
-        by_beam = {p["beam_size"]: p["seconds"] for p in figures["whole_processes"] if p["command"] == command}
-        return f"{by_beam[1]:.1f} / {by_beam[4]:.1f} s"
+        return greedy_and_beam(figures["whole_processes"], "command", command, "seconds", ".1f") + " s"
 
     def subwords_per_second(engine: str) -> str:
-        by_beam = {r["beam_size"]: r["output_subwords_per_second"] for r in figures["rows"] if r["engine"] == engine}
-        return f"{by_beam[1]:,.0f} / {by_beam[4]:,.0f}"
+        return greedy_and_beam(figures["rows"], "engine", engine, "output_subwords_per_second", ",.0f")
 
     processes = "; ".join(
         f"{name} {seconds(command)}"

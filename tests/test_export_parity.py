@@ -137,8 +137,9 @@ class Ours:
         """Teacher-forced float32 logits [batch, tgt_len, vocab] of padded id batches.
 
         Computed on the batches padded to the longest source and output (one compiled shape for every
-        call): padding changes no logit, masked out of attention and after every target in the causal
-        decoder, and adds only exact zeros to attention's sums.
+        call): padded keys are masked out of attention and padded targets come after every real one in
+        the causal decoder, so padding adds only exact zeros to attention's sums. Longer sums may add in
+        another order; the float32 bounds the parity tests derive hold for any order.
         """
         longest_source, longest_target = self.config.dataset.max_length, self.config.eval.max_decode_length + 1
         padded = [

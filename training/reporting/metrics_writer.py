@@ -22,8 +22,8 @@ def _torch_hidden() -> Iterator[None]:
     """`import torch` fails inside, unless torch is imported already.
 
     tensorboardX's package imports torch where it is installed (the export extra), for its
-    SummaryWriter's tensors: 3-4 s and hundreds of MB at the start of every run that writes
-    events. The modules used here need no torch.
+    SummaryWriter's tensors: seconds and memory at the start of every train.py, translate.py and
+    classify.py process. The modules used here need no torch.
     """
     if "torch" in sys.modules:
         yield
