@@ -218,11 +218,11 @@ def decoding_memory_bytes(
     Counts only arrays that every step of the cached decoders keeps alive
     together, for rows = batch_size * beam_size hypotheses:
       - the self-attention keys and values of every decoder layer,
-        [rows, max_length, heads * d_k] and [rows, max_length, d_model] in the
+        [rows, heads, max_length, d_k] and [rows, heads, max_length, d_v] in the
         compute dtype; twice with beam search, whose reordering by beam
         (`_gather_beams` in models/beam_search.py) writes a new copy while the old one is read;
-      - the cross-attention keys and values, [rows, source_length, heads * d_k]
-        and [rows, source_length, d_model] per layer (computed once, repeated
+      - the cross-attention keys and values, [rows, heads, source_length, d_k]
+        and [rows, heads, source_length, d_v] per layer (computed once, repeated
         for every beam);
       - the next-token logits, [rows, vocab_size] float32.
     Activations, parameters and XLA's temporaries come on top: decoding that
