@@ -97,7 +97,7 @@ def _bf16_or_float32(record: dict) -> str:
     return "bf16" if {"amx_bf16", "avx512_bf16"} & set(record["machine"].get("cpu_matmul_features", ())) else "float32"
 
 
-def _export_agreement(record: dict, results_dir: str) -> str:
+def _export_agreement(record: dict) -> str:
     rows = record["figures"]["rows"]
 
     def greedy(engine: str) -> dict:
@@ -122,14 +122,8 @@ def _decode_speed(figures: dict) -> str:
         by_beam = {entry["beam_size"]: entry[value_field] for entry in entries if entry[name_field] == name}
         return f"{by_beam[1]:{form}} / {by_beam[4]:{form}}"
 
-    def seconds(command: str) -> str:
-        return greedy_and_beam(figures["whole_processes"], "command", command, "seconds", ".1f") + " s"
-
-    def subwords_per_second(engine: str) -> str:
-        return greedy_and_beam(figures["rows"], "engine", engine, "output_subwords_per_second", ",.0f")
-
     processes = "; ".join(
-        f"{name} {seconds(command)}"
+        f"{name} {greedy_and_beam(figures['whole_processes'], 'command', command, 'seconds', '.1f')} s"
         for name, command in (
             ("`translate.py` float32", "translate.py, float32"),
             ("'auto'", "translate.py, auto"),
@@ -138,7 +132,7 @@ def _decode_speed(figures: dict) -> str:
         )
     )
     in_process = "; ".join(
-        f"{name} {subwords_per_second(engine)}"
+        f"{name} {greedy_and_beam(figures['rows'], 'engine', engine, 'output_subwords_per_second', ',.0f')}"
         for name, engine in (
             ("ours float32", "this project, float32"),
             ("CTranslate2 float32", "CTranslate2, float32"),
@@ -152,16 +146,16 @@ def _decode_speed(figures: dict) -> str:
     )
 
 
-def _figures(cell: Callable[[dict], str]) -> Callable[[dict, str], str]:
+def _figures(cell: Callable[[dict], str]) -> Callable[[dict], str]:
     """A cell made from the record's figures alone."""
-    return lambda record, results_dir: cell(record["figures"])
+    return lambda record: cell(record["figures"])
 
 
 @dataclasses.dataclass(frozen=True)
 class Row:
     what: str
     records: str  # A glob of record names under docs/results/, one row per match.
-    result: Callable[[dict, str], str]  # The result's cell, from the record and the folder of records.
+    result: Callable[[dict], str]  # The result's cell, from the record.
 
 
 ROWS = (
@@ -217,8 +211,7 @@ def table(results_dir: str = records.RESULTS_DIR) -> list[str]:
             name = os.path.basename(path).removesuffix(".json")
             record = records.read(name, results_dir)
             page = os.path.relpath(os.path.join(results_dir, name + ".md"), records.REPO_ROOT)
-            cell = row.result(record, results_dir)
-            lines.append(f"| {row.what} | {cell} | {_machine(record)} | [{name}]({page}) |")
+            lines.append(f"| {row.what} | {row.result(record)} | {_machine(record)} | [{name}]({page}) |")
     lines += [f"| {what} | {link} | | |" for what, link in LINKS]
     return lines
 
