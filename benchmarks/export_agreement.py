@@ -3,24 +3,19 @@ r"""A trained run exported both ways, translating a whole test set: agreement, B
   python -m benchmarks.export_agreement --workdir=runs/quickstart    # needs the export extra
 
 Exports the run's latest checkpoint with export.py's code to Hugging Face `transformers` and to
-CTranslate2 (float32 and int8), then translates every sentence of the test split with each
-engine and with this project's own decoding (translate.py's: `inference.translate_lines`),
-greedy and with beam 4. For each, against this project's float32 output with the same search:
-the share of lines identical, and the detokenized sacreBLEU with its signature; and its speed,
-output subwords (with `</s>`) per second over the whole set (a greedy engine's: its outputs cut to
-each sentence's budget, over the seconds it decoded them at its one budget), the second of two passes for this
-project's jitted float32 decoding (the first compiles each length bucket; its 'auto' dtype rows
-run once, for agreement only).
+CTranslate2 (float32 and int8), then translates every test sentence with each engine and with
+this project's own decoding (translate.py's `inference.translate_lines`), greedy and with beam 4.
+Each row gives, against this project's float32 output with the same search, the share of lines
+identical and the detokenized sacreBLEU, and its output subwords (with `</s>`) per second (this
+project's jitted float32 decoding: the second of two passes, the first compiling).
 
 Each sentence has its own length budget here (`models.decoding.decode_length`); the engines take
-one a call. Greedy engines decode at `eval.max_decode_length` (the exported default) and are
-compared twice: as they are, and with each output cut to its sentence's budget, which is the
-output at that budget (a greedy output's first n tokens do not depend on how many follow). Beam
-search engines decode each budget's sentences apart, at that budget. Beam 4 runs at the run's
-length penalty, except Hugging Face, whose penalty divides by length ** alpha where this
-project and CTranslate2 use GNMT's ((5 + length) / 6) ** alpha: it is compared at alpha 0,
-against this project at alpha 0. Each engine uses the machine's cores (CTranslate2's and
-PyTorch's threads: the CPU count). Writes a record (common/records.py).
+one a call. Greedy engines decode at `eval.max_decode_length` and are compared twice: as they
+are, and with each output cut to its sentence's budget, which is the output at that budget (a
+greedy output's first n tokens do not depend on how many follow). Beam search engines decode
+each budget's sentences apart, at that budget. Hugging Face's length penalty divides by
+length ** alpha where this project and CTranslate2 use GNMT's ((5 + length) / 6) ** alpha, so its
+beam search is compared at alpha 0 only, against this project at alpha 0. Writes a record.
 """
 
 import dataclasses
@@ -51,11 +46,6 @@ _WORKDIR = flags.DEFINE_string("workdir", None, "The trained run.", required=Tru
 _SOURCES = flags.DEFINE_string("sources", "data/libreoffice_help_en_de/test.en.gz", "Source sentences, one a line.")
 _REFERENCES = flags.DEFINE_string("references", "data/libreoffice_help_en_de/test.de.gz", "Their references.")
 _BATCH_SIZE = flags.DEFINE_integer("batch_size", 32, "Sentences a batch for Hugging Face and CTranslate2.")
-_DECODINGS = flags.DEFINE_list(
-    "decodings",
-    ["greedy", "beam", "beam_alpha_0"],
-    "Searches to compare: greedy, beam (the run's alpha), beam_alpha_0.",
-)
 _OUTPUT = flags.DEFINE_string("output", "", "Record path without suffix (default: export_agreement_<cpu kind>).")
 _BEAM_SIZE = 4
 
@@ -245,8 +235,7 @@ def main(argv):
         # Sources cut as translate.py cuts them (dataset.max_length subwords with </s>).
         max_source, max_length = config.dataset.max_length, config.eval.max_decode_length
         budgets = _our_budgets(lines, sp, config)
-        searches = {"greedy": greedy, "beam": beam, "beam_alpha_0": beam_alpha_0}
-        for decoding in (searches[name] for name in _DECODINGS.value):
+        for decoding in (greedy, beam, beam_alpha_0):
             groups = _budget_groups(budgets, decoding, max_length)
             reference, seconds = _ours(lines, "float32", decoding, passes=2)
             rows.append(_row("this project, float32", decoding, reference, seconds, reference, references, sp, budgets))
