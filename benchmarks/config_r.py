@@ -3,13 +3,19 @@
 d_model 256, 4 heads, d_ff 1024, 3 + 3 layers, post-LN, a shared 8k vocabulary (embeddings and
 output layer tied, sinusoidal positions), dropout 0.1, label smoothing 0.1, Adam (β 0.9/0.98,
 ε 1e-9), a batch of 32 x 64 random ids with no padding. `ProjectStep` is this project's train
-step exactly as train.py builds it; `TorchStep` the same model and update in PyTorch, as a
-researcher would write it (benchmarks/peer_throughput.py's docstring says what differs).
-benchmarks/step_profile.py profiles `ProjectStep`.
+step exactly as train.py builds it (benchmarks/step_profile.py profiles it, and
+benchmarks/accelerator_check.py checks it); `TorchStep` the same model and update in PyTorch, as
+a researcher would write it. What differs, as each framework's standard layers have it:
+PyTorch's attention has biases on its q, k, v and output projections, both of its stacks end
+with a LayerNorm even post-LN (tests/test_config_r.py counts the parameters), its `dropout` also
+drops attention weights and the feed-forward hidden units (this project: attention_dropout_rate
+0, no inner dropout), and its LayerNorm ε is 1e-5 (here 1e-6).
 """
 
 import contextlib
+import functools
 import math
+from collections.abc import Callable
 
 import jax
 import ml_collections
@@ -19,11 +25,11 @@ from common.special_ids import BOS_ID, EOS_ID
 from configs import default
 from models.build import make_model
 from models.embeddings import sinusoidal_positions
+from training import step_options
 from training.optimizer import make_optimizer
 from training.runtime import sharding
 from training.state import initial_state, state_shardings
-from training.steps import configured_train_step
-from training.tasks.translation import TranslationTask
+from training.steps import configured_train_step, translation_loss
 
 
 def config_r(dtype: str = "float32", dropout_rate: float = 0.1) -> ml_collections.ConfigDict:
@@ -54,38 +60,52 @@ def random_batch(config: ml_collections.ConfigDict, seed: int = 0) -> dict[str, 
     return {"inputs": ids[0].astype(np.int32), "targets": ids[1].astype(np.int32)}
 
 
-def num_layers(model: ml_collections.ConfigDict) -> tuple[int, int]:
-    """(encoder layers, decoder layers) of config.model, as models/build.py reads them."""
-    return (
-        model.num_encoder_layers if model.num_encoder_layers > 0 else model.num_layers,
-        model.num_decoder_layers if model.num_decoder_layers > 0 else model.num_layers,
+def translation_loss_fn(config: ml_collections.ConfigDict, model) -> Callable:
+    """The loss train.py trains `model` on, bound as training/tasks/translation.py binds it (without its data stack)."""
+    return functools.partial(
+        translation_loss,
+        model=model,
+        label_smoothing=config.optimizer.label_smoothing,
+        loss_chunks=step_options.option(config, "loss_chunks"),
     )
 
 
 class ProjectStep:
-    """This project's train step as train.py builds it, with its state and one batch it trains on repeatedly."""
+    """This project's train step as train.py builds it, on one device, with its state.
 
-    def __init__(self, config: ml_collections.ConfigDict, batch: dict[str, np.ndarray]):
-        mesh = sharding.make_mesh(config.mesh, jax.devices()[:1])
-        model = make_model(config, config.tokenizer.vocab_size)
-        tx, schedule = make_optimizer(config.optimizer, d_model=config.model.d_model)
-        shardings = state_shardings(config, model, tx, mesh)
-        loss_fn = TranslationTask().loss_fn(config, model)
-        self._step = configured_train_step(config, loss_fn, tx, schedule, mesh, shardings)
-        self._state = self._step.enter(initial_state(config, model, tx, shardings))
-        self._batch = self._step.place_batch(batch)
-        self._key = jax.random.key(config.seed)
+    Called, it runs one update on `batch` (placed once), again and again. `wrap_loss` wraps the
+    translation loss (the accelerator check's control that cannot see the source).
+    """
+
+    def __init__(self, config: ml_collections.ConfigDict, batch: dict[str, np.ndarray] | None = None, wrap_loss=None):
+        self.config = config
+        self.mesh = sharding.make_mesh(config.mesh, jax.devices()[:1])
+        self.model = make_model(config, config.tokenizer.vocab_size)
+        self.tx, schedule = make_optimizer(config.optimizer, d_model=config.model.d_model)
+        self.shardings = state_shardings(config, self.model, self.tx, self.mesh)
+        loss_fn = translation_loss_fn(config, self.model)
+        self.train_step = configured_train_step(
+            config, wrap_loss(loss_fn) if wrap_loss else loss_fn, self.tx, schedule, self.mesh, self.shardings
+        )
+        self.reset_state()
+        self.base_rng = self.state.rng.copy()  # Step keys fold in from it, as in training/loop.py.
+        self._batch = None if batch is None else self.train_step.place_batch(batch)
         self._steps_run = 0
+
+    def reset_state(self) -> None:
+        """A fresh train state from config.seed on the mesh."""
+        self.state = None  # Frees the old one first.
+        self.state = self.train_step.enter(initial_state(self.config, self.model, self.tx, self.shardings))
 
     def compiled_hlo(self) -> str:
         """The optimized HLO module of the step (compiled again: XLA compiles the same module the same way)."""
-        key = jax.random.fold_in(self._key, 0)
-        return self._step.run.lower(self._state, self._batch, key).compile().as_text()
+        key = jax.random.fold_in(self.base_rng, 0)
+        return self.train_step.run.lower(self.state, self._batch, key).compile().as_text()
 
     def __call__(self) -> jax.Array:
-        """Runs one update; returns its loss ([] float32, maybe not computed yet)."""
-        key = jax.random.fold_in(self._key, self._steps_run)
-        self._state, metrics = self._step.run(self._state, self._batch, key)
+        """Runs one update on the batch; returns its loss ([] float32, maybe not computed yet)."""
+        key = jax.random.fold_in(self.base_rng, self._steps_run)
+        self.state, metrics = self.train_step.run(self.state, self._batch, key)
         self._steps_run += 1
         return metrics["loss"]
 
@@ -111,7 +131,7 @@ class TorchStep:
         self._device = device
         model = config.model
         d_model, vocab_size = model.d_model, config.tokenizer.vocab_size
-        encoder_layers, decoder_layers = num_layers(model)
+        layers = make_model(config, vocab_size).config  # The layer counts as models/build.py reads them.
         torch.manual_seed(config.seed)
         embedding = nn.Embedding(vocab_size, d_model)
         nn.init.normal_(embedding.weight, std=d_model**-0.5)  # As this project's TokenEmbedding.
@@ -124,8 +144,8 @@ class TorchStep:
                 "transformer": nn.Transformer(
                     d_model=d_model,
                     nhead=model.num_heads,
-                    num_encoder_layers=encoder_layers,
-                    num_decoder_layers=decoder_layers,
+                    num_encoder_layers=layers.num_encoder_layers,
+                    num_decoder_layers=layers.num_decoder_layers,
                     dim_feedforward=model.d_ff,
                     dropout=model.dropout_rate,
                     batch_first=True,

@@ -2,37 +2,12 @@ r"""The README's workflow on an accelerator, run as a user runs it: attention, t
 
   python -m benchmarks.workflow_check   # 6 minutes on one H100, compiles included (docs/results/workflow_check_gpu.md)
 
-Each phase is a subprocess started from the repository's root, timed from its start to its exit:
-
-- attention: the accelerator check's attention section (`benchmarks/accelerator_check.py
-  --sections=attention`) on Transformer-base over packed rows of 64 that end in padding: on a
-  GPU cuDNN's fused attention against XLA's, the case where cuDNN's backward once gave NaN (key
-  lengths of 64 mod 128); on a CPU the explicit formula against XLA's. It runs first: its record
-  names the device.
-- train: the README's main command, `train.py --config=configs/quickstart.py`, from an empty
-  workdir and an empty compilation cache: data preparation, the tokenizer, training, validation
-  BLEU and the test split translated greedily.
-- beam: `train.py --mode=eval` of the last checkpoint with beam 4 and length penalty 0.6.
-- translate: `translate.py` on a few sentences.
-- export_huggingface, export_ctranslate2: `export.py` to both formats.
-
-A phase fails where its command exits with a status other than 0 (train.py's 3: a step whose
-loss or gradients were not finite; `--config.nonfinite=stop` goes last so that none is skipped
-unnoticed), where an evaluation scores a non-finite loss, where translate.py writes other than
-one line a sentence, or where the two attentions differ beyond the check's bars. The phases
-after train need its workdir and are not run where it failed. An export whose packages (the
-`export` extra) are not installed fails with export.py's `error:` line naming them. The script
-exits 1 where any phase failed.
-
-`--config.FIELD=VALUE` flags go through to train.py, e.g. a few steps and a small eval for a
-test. After every phase the record (common/records.py) is written again: each phase's
-command, wall time and exit status (for a failed one its `error:` line and the log's last
-lines), validation BLEU (`metrics/valid.jsonl`), the test scores after train and after beam
-(`eval/test/scores.json`), the translations, the attention check's differences and the device.
-
-Needs no TensorFlow: the bundled corpus is prepared without it. A GPU machine with JAX but
-not the data stack needs its wheels carried, and ctranslate2's for the export
-(docs/accelerator_check.md).
+docs/accelerator_check.md#the-workflow-check says what each phase runs and when it fails. Each
+phase is a subprocess started from the repository's root, timed from its start to its exit; the
+phases after train need its workdir and are not run where it failed. `--config.FIELD=VALUE`
+flags go through to train.py (`--config.nonfinite=stop` goes last, so that no non-finite step is
+skipped unnoticed). After every phase the record (common/records.py) is written again; the
+script exits 1 where any phase failed.
 """
 
 import json
@@ -255,13 +230,6 @@ def _failed(figures: dict) -> bool:
     return "error" in figures or "skipped" in figures
 
 
-def _add_device(record: dict, accelerator: dict) -> None:
-    """The device the attention phase ran on, described in `record` as accelerator_check.py does."""
-    record["accelerator"] = accelerator
-    if accelerator["platform"] != "cpu":  # A CPU is described as the host is.
-        record["machine"]["accelerator"] = f"{accelerator['device_kind']} ({accelerator['platform']})"
-
-
 def main(argv):
     del argv
     phases = [name for name in PHASES if name in (_PHASES.value or PHASES)]
@@ -291,7 +259,7 @@ def main(argv):
             else:
                 results[phase] = workflow.phase(phase)
             if workflow.accelerator and not record["accelerator"]:
-                _add_device(record, workflow.accelerator)
+                records.add_accelerator(record, workflow.accelerator)
             record["figures"]["wall_seconds"] = sum(figures.get("wall_seconds", 0) for figures in results.values())
             record["figures"]["passed"] = not any(_failed(figures) for figures in results.values())
             print(f"{phase:<18} {results[phase].get('wall_seconds', 0):6.0f} s  {summary(results[phase])}", flush=True)

@@ -135,7 +135,7 @@ def new(measurement: str, *, figures: dict, packages: Sequence[str] = DEFAULT_PA
     """A record of `measurement` run by this process's command, now, on this machine and software.
 
     `fields` add what the measurement needs beside its figures (a note, its settings, the
-    accelerator it ran on); a `machine` field replaces the host's description, and `commit` and
+    `accelerator` it ran on, see `add_accelerator`); a `machine` field replaces the host's description, and `commit` and
     `uncommitted_changes` taken with `source()` when the measurement began replace those of now.
     `--software_note`, where given, is the record's `software_note`.
     """
@@ -152,9 +152,21 @@ def new(measurement: str, *, figures: dict, packages: Sequence[str] = DEFAULT_PA
         **fields,
         "figures": figures,
     }
+    if fields.get("accelerator"):
+        add_accelerator(record, fields["accelerator"])
     if found := [problem for problem in problems(record) if problem != "no figures"]:
         print(f"warning: this record will be refused under docs/results/: {'; '.join(found)}", file=sys.stderr)
     return record
+
+
+def add_accelerator(record: dict, accelerator: dict) -> None:
+    """Records the `accelerator` a measurement ran on (benchmarks/accelerator_step.py's description of it).
+
+    A GPU or TPU then names the record's machine; a CPU is described as the host is, model and kind.
+    """
+    record["accelerator"] = accelerator
+    if accelerator["platform"] != "cpu":
+        record["machine"]["accelerator"] = f"{accelerator['device_kind']} ({accelerator['platform']})"
 
 
 # A requirement of pyproject.toml: name, extras, version specifiers, environment marker. Parsed here rather than with

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from conftest import REPO_ROOT
 
+from benchmarks import accelerator_step
 from common.special_ids import EOS_ID
 from input_pipeline import synthetic
 from models.build import make_model
@@ -47,10 +48,8 @@ def test_a_blind_model_cannot_beat_log_of_the_symbols():
 
 
 def test_the_unregularised_variant_turns_off_dropout_and_label_smoothing_only():
-    from benchmarks import accelerator_check  # Defines absl flags: imported by this test alone.
-
-    paper = accelerator_check.make_size("base")
-    bare = accelerator_check.without_regularisation(paper)
+    paper = accelerator_step.make_size("base")
+    bare = accelerator_step.without_regularisation(paper)
     assert (bare.config.model.dropout_rate, bare.config.model.attention_dropout_rate) == (0.0, 0.0)
     assert bare.config.optimizer.label_smoothing == 0.0
     assert paper.config.model.dropout_rate == 0.1 and paper.config.optimizer.label_smoothing == 0.1  # Untouched.
@@ -62,9 +61,7 @@ def test_the_unregularised_variant_turns_off_dropout_and_label_smoothing_only():
 
 
 def test_the_copy_control_learns_nothing_from_the_source():
-    from benchmarks import accelerator_check
-
-    size = accelerator_check.make_size("tiny")
+    size = accelerator_step.make_size("tiny")
     model = make_model(size.config, size.config.tokenizer.vocab_size)
     batch = synthetic.packed_copy_batch(np.random.default_rng(0), 4, 64, num_symbols=64, min_length=4, max_length=16)
     # Every source symbol replaced by the next one, the targets kept: a model that reads the source scores it otherwise.
@@ -78,7 +75,7 @@ def test_the_copy_control_learns_nothing_from_the_source():
     params = jax.jit(model.init, static_argnames="deterministic")(
         jax.random.key(0), batch["inputs"], batch["targets"], packing=Packing.from_batch(batch), deterministic=True
     )
-    seeing, blind = jax.jit(logits), jax.jit(accelerator_check.without_cross_attention(logits))
+    seeing, blind = jax.jit(logits), jax.jit(accelerator_step.without_cross_attention(logits))
     assert np.any(seeing(params, batch) != seeing(params, other))  # The model reads the source...
     np.testing.assert_array_equal(blind(params, batch), blind(params, other))  # ... the control does not.
     assert np.any(blind(params, batch) != seeing(params, batch))
@@ -97,7 +94,7 @@ def test_the_copy_control_learns_nothing_from_the_source():
 def test_the_copy_section_passes_only_where_the_model_learns_and_the_control_does_not(
     final_nll, control_final_nll, passed
 ):
-    from benchmarks import accelerator_check
+    from benchmarks import accelerator_check  # Defines absl flags: imported by this test alone.
 
     assert accelerator_check.copy_passed(final_nll, control_final_nll, bar=1.0) is passed
 
