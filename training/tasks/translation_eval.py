@@ -23,7 +23,7 @@ from models import Transformer, refill
 from models.decoding import beam_search, decode_length, generate
 from models.search import argmax_token, sampled_token
 from training.reporting.scores import nulls_for_nonfinite, write_scores
-from training.runtime.sharding import process_rows, shard_batch
+from training.runtime.sharding import num_batch_shards, process_rows, shard_batch
 
 EvalFn = Callable  # (params, batch) -> {'nll', 'correct', 'tokens'} sums
 DecodeFn = Callable  # (params, inputs, budgets, rng, max_length=) -> [batch, max_length] ids
@@ -147,6 +147,7 @@ def _decoded(setup: EvalSetup, params, batches) -> Iterator[tuple[int, np.ndarra
                 max_length=decode_length(length, setup.max_decode_length),  # The longest source's budget.
                 place=place,
                 fetch=fetch,
+                row_multiple=num_batch_shards(setup.mesh, setup.rules),
             )
         return
     base_rng = jax.random.PRNGKey(setup.seed)
