@@ -18,14 +18,14 @@ Array = jax.Array
 
 
 def block_size(n: int, k: int) -> int:
-    """The divisor b of n that makes the two selections smallest (n / b block maxima, then k * b values); 1: none helps."""
+    """The divisor b of n that makes both selections smallest (n / b block maxima, then k * b values); 1: none helps."""
     divisors = [b for b in range(1, n + 1) if n % b == 0]
     best = min(divisors, key=lambda b: n // b + k * b)
     return best if n // best + k * best < n else 1
 
 
 def top_k(x: Array, k: int) -> tuple[Array, Array]:
-    """`lax.top_k(x, k)`: the k largest values of the last axis and their indices, largest first. [..., n] -> [..., k]."""
+    """`lax.top_k(x, k)`: the last axis' k largest values, largest first, and their indices. [..., n] -> [..., k]."""
     n = x.shape[-1]
     size = block_size(n, k)
     if size == 1 or k >= n // size:
@@ -39,5 +39,5 @@ def top_k(x: Array, k: int) -> tuple[Array, Array]:
 
 
 def argmax(x: Array) -> Array:
-    """`jnp.argmax(x, axis=-1)` as int32: the index of the largest value of the last axis, the first of equals. [..., n] -> [...]."""
+    """`jnp.argmax(x, axis=-1)` as int32: the index of the largest value (the first of equals). [..., n] -> [...]."""
     return top_k(x, 1)[1][..., 0].astype(jnp.int32)

@@ -1,4 +1,4 @@
-"""models/top_k.py gives lax.top_k's and jnp.argmax's exact results, ties included, without selecting over a whole row."""
+"""models/top_k.py gives lax.top_k's and jnp.argmax's exact results, ties included, selecting over blocks."""
 
 import jax
 import jax.numpy as jnp
