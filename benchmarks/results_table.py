@@ -129,9 +129,9 @@ def _decode_speed(figures: dict) -> str:
         return greedy_and_beam(figures["rows"], "engine", engine, "output_subwords_per_second", ",.0f")
 
     processes = "; ".join(
-        f"{name} {seconds(command)}"
+        f"{name} {seconds(command)}" + (f" (cached: {seconds(command + ', cached')})" if "translate" in command else "")
         for name, command in (
-            ("`translate.py` float32", "translate.py, float32"),
+            ("`translate.py` float32, compiling", "translate.py, float32"),
             ("'auto'", "translate.py, auto"),
             ("CTranslate2 float32", "CTranslate2 script, float32"),
             ("int8", "CTranslate2 script, int8"),
@@ -147,8 +147,8 @@ def _decode_speed(figures: dict) -> str:
     )
     return (
         f"the whole test split ({figures['lines']:,} lines), greedy / beam 4, as whole processes (start, load, "
-        f"compile, decode, write): {processes}. Decoding alone, output subwords/s, the engines alternating in one "
-        f"process: {in_process}"
+        f"compile, decode, write; cached: the programs read from the compilation cache a first run wrote): "
+        f"{processes}. Decoding alone, output subwords/s, the engines alternating in one process: {in_process}"
     )
 
 

@@ -171,7 +171,7 @@ def decode_batches(
     pending = []  # (fresh search state of an encoded batch, [(its row, sentence id)] not yet placed).
     while True:
         waiting = bool(pending) or _encode_next(decoder, params, batches, pending, place, max_length)
-        fewer = rows // SHRINK if rows // SHRINK >= MIN_ROWS and (rows // SHRINK) % row_multiple == 0 else 0
+        fewer = _fewer_rows(rows, row_multiple)
         min_done = max(1, int(rows * REFILL_SHARE)) if waiting else rows - fewer
         search, done, best = decoder.run(params, search, min_done)
         done, best = fetch(done), fetch(best)
@@ -184,6 +184,37 @@ def decode_batches(
         if not pending and np.count_nonzero(slots >= 0) <= fewer:  # No sentence left to start: fewer rows.
             source = np.argsort(slots < 0, kind='stable')[:fewer]  # The live rows, then done ones.
             search, slots, rows = decoder.take(search, source.astype(np.int32)), slots[source], fewer
+
+
+def _fewer_rows(rows: int, row_multiple: int) -> int:
+    """The rows a search of `rows` rows is cut to once no sentence is left to start; 0: it is not cut."""
+    fewer = rows // SHRINK
+    return fewer if fewer >= MIN_ROWS and fewer % row_multiple == 0 else 0
+
+
+def compile_ahead(decoder: RowDecoder, params: Any, fillers, *, place: Place, row_multiple: int = 1, stop=None) -> None:
+    """Compiles every program `decode_batches` runs on batches of the shapes of `fillers`, bucket by bucket.
+
+    Runs each once on filler rows, where it has nothing to decode. Called in a thread of its own, it
+    compiles the next buckets' programs while the current one decodes (the cores are not all busy).
+
+    Args:
+        decoder, params, place, row_multiple: as `decode_batches` gets them.
+        fillers: (inputs [rows, src_len] int32 of filler rows, budgets [rows] int32, max_length) of
+            each bucket, in the order they will be decoded.
+        stop: a `threading.Event`; once set, nothing more is compiled.
+    """
+    for inputs, budgets, max_length in fillers:
+        search = decoder.start(params, *place(inputs, budgets), max_length=max_length)
+        rows = search.budgets.shape[0]
+        decoder.insert(search, search, np.zeros(rows, bool), np.zeros(rows, np.int32))
+        while rows:
+            if stop is not None and stop.is_set():
+                return
+            decoder.run(params, search, rows)  # Every row is filler, hence done: no step runs.
+            rows = _fewer_rows(rows, row_multiple)
+            if rows:
+                search = decoder.take(search, np.zeros(rows, np.int32))
 
 
 def _encode_next(decoder, params, batches, pending: list, place, max_length: int) -> bool:
