@@ -122,10 +122,13 @@ def _decode_speed(figures: dict) -> str:
         by_beam = {entry["beam_size"]: entry[value_field] for entry in entries if entry[name_field] == name}
         return f"{by_beam[1]:{form}} / {by_beam[4]:{form}}"
 
+    def seconds(command: str) -> str:
+        return greedy_and_beam(figures["whole_processes"], "command", command, "seconds", ".1f") + " s"
+
     processes = "; ".join(
-        f"{name} {greedy_and_beam(figures['whole_processes'], 'command', command, 'seconds', '.1f')} s"
+        f"{name} {seconds(command)}" + (f" (cached: {seconds(command + ', cached')})" if "translate" in command else "")
         for name, command in (
-            ("`translate.py` float32", "translate.py, float32"),
+            ("`translate.py` float32, compiling", "translate.py, float32"),
             ("'auto'", "translate.py, auto"),
             ("CTranslate2 float32", "CTranslate2 script, float32"),
             ("int8", "CTranslate2 script, int8"),
@@ -141,8 +144,8 @@ def _decode_speed(figures: dict) -> str:
     )
     return (
         f"the whole test split ({figures['lines']:,} lines), greedy / beam 4, as whole processes (start, load, "
-        f"compile, decode, write): {processes}. Decoding alone, output subwords/s, the engines alternating in one "
-        f"process: {in_process}"
+        f"compile, decode, write; cached: the programs read from the compilation cache a first run wrote): "
+        f"{processes}. Decoding alone, output subwords/s, the engines alternating in one process: {in_process}"
     )
 
 

@@ -149,16 +149,39 @@ def main(
     _write(rows, processes, lines, rounds, ct2_batch_size, measured_source, workdir, output)
 
 
+# The run's config with a compilation cache of the benchmark's own, for translate.py's --config.
+_CONFIG_WITH_CACHE = """
+import json
+import ml_collections
+
+
+def get_config():
+    with open({config!r}, encoding="utf-8") as f:
+        config = ml_collections.ConfigDict(json.load(f))
+    config.compilation_cache_dir = {cache!r}
+    return config
+"""
+
+
 def _time_processes(workdir, folders, lines, beam_size, alpha, config, scratch, ct2_batch_size, dtypes) -> list[dict]:
-    """Seconds of whole processes translating `lines` into a file: translate.py in each of `dtypes`
-    and the CTranslate2 script, float32 and int8."""
+    """Seconds of whole processes translating `lines` into a file: translate.py in each of `dtypes`,
+    first with an empty compilation cache, then again with the programs the first wrote there; the
+    CTranslate2 script, float32 and int8."""
     source = os.path.join(scratch, "source.txt")
     with open(source, "w", encoding="utf-8") as f:
         f.writelines(line + "\n" for line in lines)
     target = os.path.join(scratch, "target.txt")
     translate_py = [sys.executable, os.path.join(records.REPO_ROOT, "translate.py"), f"--workdir={workdir}"]
     translate_py += [f"--beam_size={beam_size}", f"--length_penalty={alpha}", f"--input={source}", f"--output={target}"]
-    commands = {f"translate.py, {dtype}": [*translate_py, f"--dtype={dtype}"] for dtype in dtypes}
+    commands = {}
+    for dtype in dtypes:
+        config_file = os.path.join(scratch, f"config_beam{beam_size}_{dtype}.py")
+        cache = os.path.join(scratch, f"compilation_cache_beam{beam_size}_{dtype}")
+        with open(config_file, "w", encoding="utf-8") as f:
+            f.write(_CONFIG_WITH_CACHE.format(config=os.path.join(workdir, "config.json"), cache=cache))
+        command = [*translate_py, f"--dtype={dtype}", f"--config={config_file}"]
+        commands[f"translate.py, {dtype}"] = command  # Compiles, and writes the cache.
+        commands[f"translate.py, {dtype}, cached"] = command  # Reads it.
     for weights, folder in folders.items():
         commands[f"CTranslate2 script, {weights}"] = [
             sys.executable,

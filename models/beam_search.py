@@ -12,6 +12,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
+from models import top_k as vocabulary_top_k
 from models.search import (
     NEG_INF,
     NextTokenLogits,
@@ -76,7 +77,7 @@ def top_extensions(logits: Array, live_log_probs: Array, n: int) -> tuple[Array,
     """
     batch, beams, vocab_size = logits.shape
     per_beam = min(n, vocab_size)
-    top_logits, top_tokens = jax.lax.top_k(logits, per_beam)  # [batch, beams, per_beam]
+    top_logits, top_tokens = vocabulary_top_k.top_k(logits, per_beam)  # [batch, beams, per_beam]
     largest = jnp.max(logits, axis=-1, keepdims=True)
     normaliser = jnp.log(jnp.sum(jnp.exp(logits - largest), axis=-1, keepdims=True))
     candidates = live_log_probs[:, :, None] + ((top_logits - largest) - normaliser)

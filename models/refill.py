@@ -7,9 +7,12 @@ translations are read out and their rows take the next sentences, already encode
 ahead. Every row keeps its own position, so the arrays keep one shape and each bucket of source
 lengths compiles once.
 
-A sentence's translation is what decoding it in any batch of the same shapes gives: every step
-computes each row on its own, and the batches that are encoded are those of the whole-batch
-decoding.
+Once a bucket has no sentence left to start, its last ones would run on in rows that the others
+left: the rows are cut to a quarter (`SHRINK`) whenever at most that many still hold a sentence,
+the live ones moved to the front, down to `MIN_ROWS` (each size compiles once).
+
+A sentence's translation is what decoding it in any batch gives: every step computes each row on
+its own, and the batches that are encoded are those of the whole-batch decoding.
 """
 
 import dataclasses
@@ -34,6 +37,10 @@ Fetch = Callable[[Array], np.ndarray]
 
 # Rows are refilled once this share of them is done: fewer stops, against rows idle while they wait.
 REFILL_SHARE = 1 / 8
+# Without sentences to start, rows are cut to 1 / SHRINK of their number once at most that many are
+# live: each cut is a compilation, each row left unused a share of every step.
+SHRINK = 4
+MIN_ROWS = 16
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,16 +53,17 @@ class RowDecoder:
         take is True replaced by `fresh`'s rows source.
     run(params, search, min_done) -> (search, done [rows] bool, best [rows, max_length] ids): the
         search run until at least min_done rows are done (or all are).
+    take(search, source [n] int32) -> the search of n rows, row i being `search`'s row source[i].
     """
 
     start: Callable
     insert: Callable
     run: Callable
+    take: Callable
 
 
-def _take_rows(tree: Any, source: Array, copies: int) -> Any:
-    """Rows `source` [rows] of every leaf; leaves with rows * copies rows move in blocks of `copies`."""
-    rows = source.shape[0]
+def _take_rows(tree: Any, rows: int, source: Array, copies: int) -> Any:
+    """Rows `source` [n] of every leaf of `rows` rows; leaves with rows * copies rows move in blocks of `copies`."""
 
     def take(leaf):
         if leaf.ndim == 0:
@@ -63,9 +71,18 @@ def _take_rows(tree: Any, source: Array, copies: int) -> Any:
         if leaf.shape[0] == rows:
             return leaf[source]
         by_row = leaf.reshape(rows, copies, *leaf.shape[1:])
-        return by_row[source].reshape(leaf.shape)
+        return by_row[source].reshape(-1, *leaf.shape[1:])
 
     return jax.tree.map(take, tree)
+
+
+def _row_decoder(start, insert, run, copies: int, rows_of: Callable[[Any], int]) -> RowDecoder:
+    """The jitted `RowDecoder` of a search's functions; rows_of(search) is its number of rows."""
+
+    def take(search, source):
+        return _take_rows(search, rows_of(search), source, copies)
+
+    return RowDecoder(jax.jit(start, static_argnames=('max_length',)), jax.jit(insert), jax.jit(run), jax.jit(take))
 
 
 def greedy_decoder(model: Transformer, *, bos_id: int, eos_id: int, pad_id: int) -> RowDecoder:
@@ -77,7 +94,7 @@ def greedy_decoder(model: Transformer, *, bos_id: int, eos_id: int, pad_id: int)
         return greedy_rows(state, context, is_filler(inputs, pad_id), budgets, max_length=max_length, **special)
 
     def insert(rows, fresh, take, source):
-        return insert_greedy_rows(rows, take, _take_rows(fresh, source, 1))
+        return insert_greedy_rows(rows, take, _take_rows(fresh, source.shape[0], source, 1))
 
     def run(params, rows, min_done):
         next_token_logits = functools.partial(cached_next_token_logits, model, params)
@@ -92,7 +109,7 @@ def greedy_decoder(model: Transformer, *, bos_id: int, eos_id: int, pad_id: int)
         )
         return rows, rows.finished, rows.tokens[:, 1:]
 
-    return RowDecoder(jax.jit(start, static_argnames=('max_length',)), jax.jit(insert), jax.jit(run))
+    return _row_decoder(start, insert, run, 1, lambda rows: rows.finished.shape[0])
 
 
 def beam_decoder(
@@ -108,7 +125,7 @@ def beam_decoder(
         )
 
     def insert(beams, fresh, take, source):
-        return insert_beam_rows(beams, take, _take_rows(fresh, source, beam_size))
+        return insert_beam_rows(beams, take, _take_rows(fresh, source.shape[0], source, beam_size))
 
     def run(params, beams, min_done):
         next_token_logits = functools.partial(cached_next_token_logits, model, params)
@@ -116,7 +133,7 @@ def beam_decoder(
         best = jnp.where(beams.skip[:, None], pad_id, beams.finished_tokens[:, 0, 1:])
         return beams, beams_done(beams, alpha), best
 
-    return RowDecoder(jax.jit(start, static_argnames=('max_length',)), jax.jit(insert), jax.jit(run))
+    return _row_decoder(start, insert, run, beam_size, lambda beams: beams.skip.shape[0])
 
 
 def decode_batches(
@@ -127,6 +144,7 @@ def decode_batches(
     max_length: int,
     place: Place,
     fetch: Fetch,
+    row_multiple: int = 1,
 ) -> Iterator[tuple[int, np.ndarray]]:
     """Decodes batches of one shape in one set of rows, refilling each row once it is done.
 
@@ -137,6 +155,7 @@ def decode_batches(
             [n] int: the sentence of each of the global batch's first n rows; the rest is filler).
         max_length: the arrays' output length (static): at least every budget.
         place, fetch: between this process's rows and global arrays.
+        row_multiple: the rows are split over this many devices: fewer rows stay a multiple of it.
 
     Yields:
         (sentence id, its output ids [max_length]) as each is done, in no particular order.
@@ -152,7 +171,8 @@ def decode_batches(
     pending = []  # (fresh search state of an encoded batch, [(its row, sentence id)] not yet placed).
     while True:
         waiting = bool(pending) or _encode_next(decoder, params, batches, pending, place, max_length)
-        min_done = rows if not waiting else max(1, int(rows * REFILL_SHARE))
+        fewer = _fewer_rows(rows, row_multiple)
+        min_done = max(1, int(rows * REFILL_SHARE)) if waiting else rows - fewer
         search, done, best = decoder.run(params, search, min_done)
         done, best = fetch(done), fetch(best)
         for slot in np.flatnonzero(done & (slots >= 0)):
@@ -161,6 +181,40 @@ def decode_batches(
         search = _refill(decoder, params, search, slots, pending, batches, place, max_length)
         if np.all(slots < 0):
             return
+        if not pending and np.count_nonzero(slots >= 0) <= fewer:  # No sentence left to start: fewer rows.
+            source = np.argsort(slots < 0, kind='stable')[:fewer]  # The live rows, then done ones.
+            search, slots, rows = decoder.take(search, source.astype(np.int32)), slots[source], fewer
+
+
+def _fewer_rows(rows: int, row_multiple: int) -> int:
+    """The rows a search of `rows` rows is cut to once no sentence is left to start; 0: it is not cut."""
+    fewer = rows // SHRINK
+    return fewer if fewer >= MIN_ROWS and fewer % row_multiple == 0 else 0
+
+
+def compile_ahead(decoder: RowDecoder, params: Any, fillers, *, place: Place, row_multiple: int = 1, stop=None) -> None:
+    """Compiles every program `decode_batches` runs on batches of the shapes of `fillers`, bucket by bucket.
+
+    Runs each once on filler rows, where it has nothing to decode. Called in a thread of its own, it
+    compiles the next buckets' programs while the current one decodes (the cores are not all busy).
+
+    Args:
+        decoder, params, place, row_multiple: as `decode_batches` gets them.
+        fillers: (inputs [rows, src_len] int32 of filler rows, budgets [rows] int32, max_length) of
+            each bucket, in the order they will be decoded.
+        stop: a `threading.Event`; once set, nothing more is compiled.
+    """
+    for inputs, budgets, max_length in fillers:
+        search = decoder.start(params, *place(inputs, budgets), max_length=max_length)
+        rows = search.budgets.shape[0]
+        decoder.insert(search, search, np.zeros(rows, bool), np.zeros(rows, np.int32))
+        while rows:
+            if stop is not None and stop.is_set():
+                return
+            decoder.run(params, search, rows)  # Every row is filler, hence done: no step runs.
+            rows = _fewer_rows(rows, row_multiple)
+            if rows:
+                search = decoder.take(search, np.zeros(rows, np.int32))
 
 
 def _encode_next(decoder, params, batches, pending: list, place, max_length: int) -> bool:

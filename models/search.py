@@ -18,6 +18,8 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
+from models import top_k as vocabulary_top_k
+
 Array = jax.Array
 # (positions [rows] int32, tokens [rows, max_length + 1], state, context) -> (logits [rows, vocab]
 # of the token after each row's position, state). tokens[:, 0] is <bos>, tokens[:, i + 1] the token
@@ -80,7 +82,7 @@ def first_tokens(shape: tuple[int, ...], bos_id: int, pad_id: int) -> Array:
 def argmax_token(logits: Array, rng: Array) -> Array:
     """Greedy choice: the most likely token. [rows, vocab] -> [rows] int32."""
     del rng
-    return jnp.argmax(logits, axis=-1).astype(jnp.int32)
+    return vocabulary_top_k.argmax(logits)
 
 
 def sampled_token(temperature: float, top_k: int = 0) -> ChooseToken:
@@ -94,7 +96,7 @@ def sampled_token(temperature: float, top_k: int = 0) -> ChooseToken:
     def choose(logits: Array, rng: Array) -> Array:
         logits = logits / temperature
         if 0 < top_k < logits.shape[-1]:
-            kth_largest = jax.lax.top_k(logits, top_k)[0][:, -1:]
+            kth_largest = vocabulary_top_k.top_k(logits, top_k)[0][:, -1:]
             logits = jnp.where(logits >= kth_largest, logits, NEG_INF)
         return jax.random.categorical(rng, logits, axis=-1).astype(jnp.int32)
 

@@ -53,19 +53,14 @@ def _whole_batches(model, params, batches, max_length, beam_size):
     return outputs
 
 
-@pytest.mark.parametrize("beam_size", [1, 3])
-@pytest.mark.parametrize("refill_share", [0.01, 0.5, 1.0])
-def test_refilled_rows_translate_as_whole_batches(beam_size, refill_share, monkeypatch):
-    """At any refill point (a row at a time, half the rows, only when all are done), the same outputs."""
-    monkeypatch.setattr(refill, "REFILL_SHARE", refill_share)
-    model, params, batches = _model_and_batches()
-    max_length = decode_length(SOURCE_LENGTH, 20)
-    expected = _whole_batches(model, params, batches, max_length, beam_size)
+def _decoder(model, beam_size):
     if beam_size == 1:
-        decoder = refill.greedy_decoder(model, **_IDS)
-    else:
-        decoder = refill.beam_decoder(model, beam_size=beam_size, alpha=0.6, **_IDS)
-    found = dict(
+        return refill.greedy_decoder(model, **_IDS)
+    return refill.beam_decoder(model, beam_size=beam_size, alpha=0.6, **_IDS)
+
+
+def _refilled(decoder, params, batches, max_length):
+    return dict(
         refill.decode_batches(
             decoder,
             params,
@@ -75,8 +70,42 @@ def test_refilled_rows_translate_as_whole_batches(beam_size, refill_share, monke
             fetch=np.asarray,
         )
     )
+
+
+def _assert_same_outputs(found, expected):
     assert sorted(found) == sorted(expected)  # Every sentence once.
     for sentence, output in expected.items():
         np.testing.assert_array_equal(found[sentence], output, err_msg=f"sentence {sentence}")
+
+
+@pytest.mark.parametrize("beam_size", [1, 3])
+@pytest.mark.parametrize("refill_share", [0.01, 0.5, 1.0])
+def test_refilled_rows_translate_as_whole_batches(beam_size, refill_share, monkeypatch):
+    """At any refill point (a row at a time, half the rows, only when all are done), the same outputs."""
+    monkeypatch.setattr(refill, "REFILL_SHARE", refill_share)
+    model, params, batches = _model_and_batches()
+    max_length = decode_length(SOURCE_LENGTH, 20)
+    expected = _whole_batches(model, params, batches, max_length, beam_size)
+    _assert_same_outputs(_refilled(_decoder(model, beam_size), params, batches, max_length), expected)
     lengths = [np.count_nonzero(output != PAD) for output in expected.values()]
     assert len(set(lengths)) > 2, lengths  # Sentences end at different steps: rows are refilled at different times.
+
+
+@pytest.mark.parametrize("beam_size", [1, 3])
+def test_the_last_sentences_move_to_fewer_rows_and_translate_as_whole_batches(beam_size, monkeypatch):
+    """Without sentences left to start, the live rows move to a half, then a quarter of the rows: the same outputs."""
+    monkeypatch.setattr(refill, "SHRINK", 2)
+    monkeypatch.setattr(refill, "MIN_ROWS", 1)
+    model, params, batches = _model_and_batches()
+    max_length = decode_length(SOURCE_LENGTH, 20)
+    expected = _whole_batches(model, params, batches, max_length, beam_size)
+    decoder = _decoder(model, beam_size)
+    row_counts = []
+
+    def take(search, source):
+        row_counts.append(len(source))
+        return decoder.take(search, source)
+
+    found = _refilled(dataclasses.replace(decoder, take=take), params, batches, max_length)
+    _assert_same_outputs(found, expected)
+    assert row_counts == [ROWS // 2, ROWS // 4], row_counts

@@ -1,9 +1,11 @@
 """Validation loss, translation (greedy, beam search or sampling), sacreBLEU and chrF on a split."""
 
+import contextlib
 import dataclasses
 import functools
 import itertools
 import os
+import threading
 from collections.abc import Callable, Iterator, Sequence
 
 import jax
@@ -23,7 +25,7 @@ from models import Transformer, refill
 from models.decoding import beam_search, decode_length, generate
 from models.search import argmax_token, sampled_token
 from training.reporting.scores import nulls_for_nonfinite, write_scores
-from training.runtime.sharding import process_rows, shard_batch
+from training.runtime.sharding import num_batch_shards, process_rows, shard_batch
 
 EvalFn = Callable  # (params, batch) -> {'nll', 'correct', 'tokens'} sums
 DecodeFn = Callable  # (params, inputs, budgets, rng, max_length=) -> [batch, max_length] ids
@@ -139,15 +141,21 @@ def _decoded(setup: EvalSetup, params, batches) -> Iterator[tuple[int, np.ndarra
 
     if setup.row_decoder is not None:
         # One set of rows a bucket: its batches share their shapes.
-        for length, bucket in itertools.groupby(with_budgets(batches), key=lambda batch: batch[0].shape[1]):
-            yield from refill.decode_batches(
-                setup.row_decoder,
-                params,
-                bucket,
-                max_length=decode_length(length, setup.max_decode_length),  # The longest source's budget.
-                place=place,
-                fetch=fetch,
-            )
+        buckets = [list(bucket) for _, bucket in itertools.groupby(with_budgets(batches), key=lambda b: b[0].shape[1])]
+        max_lengths = [decode_length(bucket[0][0].shape[1], setup.max_decode_length) for bucket in buckets]
+        row_multiple = num_batch_shards(setup.mesh, setup.rules)
+        fillers = [(np.full_like(b[0][0], PAD_ID), b[0][1], n) for b, n in zip(buckets[1:], max_lengths[1:])]
+        with _compiling_ahead(setup.row_decoder, params, fillers, place, row_multiple):
+            for bucket, max_length in zip(buckets, max_lengths):
+                yield from refill.decode_batches(
+                    setup.row_decoder,
+                    params,
+                    bucket,
+                    max_length=max_length,  # The longest source's budget.
+                    place=place,
+                    fetch=fetch,
+                    row_multiple=row_multiple,
+                )
         return
     base_rng = jax.random.PRNGKey(setup.seed)
     for batch_index, (inputs, budgets, indices) in enumerate(with_budgets(batches)):
@@ -155,6 +163,32 @@ def _decoded(setup: EvalSetup, params, batches) -> Iterator[tuple[int, np.ndarra
         max_length = decode_length(inputs.shape[1], setup.max_decode_length)
         decoded = fetch(setup.decode_fn(params, *place(inputs, budgets), rng, max_length=max_length))
         yield from zip(indices, decoded[: len(indices)])
+
+
+@contextlib.contextmanager
+def _compiling_ahead(decoder: refill.RowDecoder, params, fillers: list, place, row_multiple: int):
+    """Compiles the later buckets' programs in a thread while the first ones decode (`refill.compile_ahead`).
+
+    With one process only: with several, every process must run its programs in the same order.
+    """
+    if not fillers or jax.process_count() > 1:
+        yield
+        return
+    stop = threading.Event()
+
+    def compile_ahead():
+        try:
+            refill.compile_ahead(decoder, params, fillers, place=place, row_multiple=row_multiple, stop=stop)
+        except Exception as e:  # pylint: disable=broad-except  (decoding compiles what this did not)
+            logging.info("Compiling ahead stopped: %s", e)
+
+    thread = threading.Thread(target=compile_ahead, name="compile_ahead", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
 
 
 def translate(setup: EvalSetup, params, pairs: batching.ParallelIds) -> list[str]:
