@@ -1,279 +1,301 @@
-r"""Decoding speed: this project's jitted search, cached and uncached, beside CTranslate2, in one process.
+r"""Decoding a whole test split: this project beside CTranslate2, in one process and as whole processes.
 
-  python -m benchmarks.decode_speed --workdir=runs/quickstart    # CTranslate2 rows need the export extra
+  python -m benchmarks.decode_speed --workdir=runs/quickstart    # needs the export extra
+  python -m benchmarks.decode_speed --workdir=runs/quickstart --profile_calls=2
 
-Decodes the same batch of real test sources (the bundled corpus, or the config's dataset) with
-every setting, alternating in rounds so that a noisy neighbour affects all alike, and reports
-the median time of a batch. This project decodes as translate.py does: greedy search for beam
-1, beam search otherwise. Every hypothesis generates exactly `--length` tokens, so that all
-settings do the same work: this project's search gets an <eos> id no token has, CTranslate2 a
-minimum and maximum decoding length of `--length`. Settings, for each beam size: this project
-with the key/value cache and without it (the whole prefix rerun at every step), and CTranslate2
-in float32 and int8 on the same parameters, converted with export.py's code
-(`exporting.to_ctranslate2`), its threads the machine's cores. With --workdir the run's latest
-parameters and tokenizer are used; otherwise freshly initialised ones (decoding cost does not
-depend on the values). With --profile_calls, this project's cached settings are also profiled
-(benchmarks/xla_profile.py, by decoding's buckets: the model's matmuls, the search's top-k and
-beam reordering, cache writes, ...), after the timed rounds. Writes a record (common/records.py).
+Decodes the test split as translate.py and evaluation do (`inference.translate_lines`: each
+sentence with its own budget, the run's batches), greedy and with beam 4 at the run's alpha, in
+this project's 'auto' and float32 dtypes, beside CTranslate2 float32 and int8 on the run exported
+with export.py's code (--ct2_batch_size sentences a batch, the machine's cores as threads; greedy
+at the one budget `max_decode_length`, cut to each sentence's, beam search at each sentence's
+budget), alternating in rounds; it reports output subwords per second (with `</s>`) and BLEU of
+each. Then it times whole processes on the same lines, start to end (import, load, compile, decode,
+write): translate.py, first with an empty compilation cache and again with the programs it wrote
+there, against a CTranslate2 script that loads the export and translates the file.
 
-  python -m benchmarks.decode_speed --workdir=runs/quickstart --test_set    # the whole test split
-
-With --test_set, it decodes the whole test split instead, as translate.py and evaluation do
-(`inference.translate_lines`: each sentence with its own budget, the run's batches), greedy and
-with beam 4 at the run's alpha, in this project's 'auto' and float32 dtypes, beside CTranslate2
-float32 and int8 on the run exported with export.py's code (--ct2_batch_size sentences a batch, the
-machine's cores as threads; greedy at the one budget `max_decode_length`, beam search at each
-sentence's budget, as benchmarks/export_agreement.py runs it), alternating in rounds; it reports
-output subwords per second (with `</s>`) and BLEU of each. Then it times whole processes on the
-same lines, start to end (import, load, compile, decode, write): translate.py against a
-CTranslate2 script that loads the export and translates the file (--whole_processes).
+With --profile_calls, this project's float32 search is profiled too (benchmarks/xla_profile.py, by
+decoding's buckets: the model's matmuls, the search's top-k and beam reordering, cache writes,
+...): the loop run over the batch with the most source subwords, from its start until its last
+sentence is done. Writes a record (common/records.py).
 """
 
-import dataclasses
-import functools
-import importlib.util
 import os
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
-from collections.abc import Callable
 
 import jax
 import numpy as np
-from absl import app, flags
-from ml_collections import config_flags
+import sacrebleu
+import sentencepiece
+from absl import app, flags, logging
 
-from benchmarks import hlo_buckets, test_set_speed, xla_profile
+from benchmarks import hlo_buckets, xla_profile
 from common import records
-from common.special_ids import BOS_ID, EOS_ID, PAD_ID
-from exporting import support
-from exporting.network import network_from_params
+from common.special_ids import PAD_ID
+from exporting import exporter
 from input_pipeline import batching
-from input_pipeline.corpus import load_corpus
-from models.build import compute_dtype, make_model
-from models.decoding import beam_search, generate
-from models.search import argmax_token
-from training.inference import load_trained_model
+from input_pipeline import tokenizer as tokenizer_lib
+from input_pipeline.parallel_text import read_lines
+from models.decoding import decode_length
+from training import inference
+from training.config_checks import validate_config
 from training.reporting.logs import quiet_library_logs
-from training.runtime import host_memory, sharding
-from training.state import init_params
+from training.runtime import host_memory
+from training.runtime.sharding import shard_batch
+from training.tasks import translation
 
-_CONFIG = config_flags.DEFINE_config_file("config", "configs/quickstart.py", "Config file.")
-_WORKDIR = flags.DEFINE_string("workdir", None, "A trained run whose latest parameters to use (optional).")
-_BATCH_SIZE = flags.DEFINE_integer("batch_size", 32, "Sentences per batch.")
+_WORKDIR = flags.DEFINE_string("workdir", None, "The trained run to translate with.")
+_SOURCES = flags.DEFINE_string("sources", "data/libreoffice_help_en_de/test.en.gz", "Source sentences.")
+_REFERENCES = flags.DEFINE_string("references", "data/libreoffice_help_en_de/test.de.gz", "Their references.")
 _BEAM_SIZES = flags.DEFINE_list("beam_sizes", ["1", "4"], "Beam sizes to time (1 is greedy).")
-_LENGTH = flags.DEFINE_integer("length", 64, "Tokens generated per hypothesis.")
-_ROUNDS = flags.DEFINE_integer("rounds", 5, "Timed rounds; each decodes the batch once per setting.")
-_ENGINES = flags.DEFINE_list(
-    "engines", ["jax", "ctranslate2"], "jax (this project, cached and uncached), ctranslate2 (float32 and int8)."
-)
-_DTYPES = flags.DEFINE_list(
-    "dtypes", ["auto", "float32"], "This project's compute dtypes (model.dtype values); uncached runs the first only."
-)
-_PROFILE_CALLS = flags.DEFINE_integer(
-    "profile_calls", 0, "Batches to profile with each of this project's cached settings (0: no profile)."
-)
+_DTYPES = flags.DEFINE_list("dtypes", ["auto", "float32"], "This project's compute dtypes (model.dtype values).")
+_ROUNDS = flags.DEFINE_integer("rounds", 2, "Timed rounds after a first that compiles; each translates every line.")
+_CT2_BATCH_SIZE = flags.DEFINE_integer("ct2_batch_size", 32, "CTranslate2's sentences a batch.")
+_WHOLE_PROCESSES = flags.DEFINE_bool("whole_processes", True, "Also time whole processes.")
+_PROFILE_CALLS = flags.DEFINE_integer("profile_calls", 0, "Runs of the float32 search to profile (0: none).")
 _OUTPUT = flags.DEFINE_string("output", "", "Record path without suffix (default: decode_speed_<cpu kind>).")
-_TEST_SET = flags.DEFINE_bool("test_set", False, "Decode the whole test split (needs --workdir); see above.")
-_SOURCES = flags.DEFINE_string("sources", "data/libreoffice_help_en_de/test.en.gz", "--test_set's sources.")
-_REFERENCES = flags.DEFINE_string("references", "data/libreoffice_help_en_de/test.de.gz", "--test_set's references.")
-_CT2_BATCH_SIZE = flags.DEFINE_integer("ct2_batch_size", 32, "--test_set: CTranslate2's sentences a batch.")
-_WHOLE_PROCESSES = flags.DEFINE_bool("whole_processes", True, "--test_set: also time whole processes.")
+flags.mark_flags_as_required(["workdir"])
 
-_NEVER = -1  # An <eos> id no token has: every hypothesis runs to --length.
-
-
-@dataclasses.dataclass(frozen=True)
-class Setting:
-    engine: str  # "this project, bfloat16, cached", "CTranslate2, int8", ...
-    beam_size: int
-    decode: Callable[[], object]  # Decodes the batch once, blocking until done.
-    hlo: Callable[[], str] | None = None  # The compiled module, where it is this project's.
-
-
-def _sources(config, workdir: str | None, batch_size: int):
-    """[batch_size, length] ids of test sentences (<eos> kept), and the tokenizer."""
-    with tempfile.TemporaryDirectory() as scratch:
-        corpus = load_corpus(config, workdir or scratch, ("test",), allow_training_tokenizer=workdir is None)
-    sources = corpus.ids["test"].sources
-    indices = np.arange(batch_size)
-    length = int(min(sources.lengths[indices].max(), config.dataset.max_length))
-    return batching.pad_ids(sources, indices, length, batch_size, keep_eos=True), corpus.tokenizer
+# A user's CTranslate2 translation of a file: load the export, translate every line, write.
+_CTRANSLATE2_SCRIPT = """
+import os, sys
+import ctranslate2, sentencepiece
+folder, source, target, beam_size, alpha, max_length, batch_size = sys.argv[1:]
+sp = sentencepiece.SentencePieceProcessor(model_file=os.path.join(folder, "sentencepiece.model"))
+translator = ctranslate2.Translator(folder, device="cpu", intra_threads=os.cpu_count())
+with open(source, encoding="utf-8") as f:
+    lines = f.read().split("\\n")[:-1]
+results = translator.translate_batch(
+    [sp.encode(line, out_type=str) for line in lines], beam_size=int(beam_size), length_penalty=float(alpha),
+    max_decoding_length=int(max_length), max_batch_size=int(batch_size))
+with open(target, "w", encoding="utf-8") as f:
+    f.writelines(sp.decode_pieces(result.hypotheses[0]) + "\\n" for result in results)
+"""
 
 
-def _jax_settings(model, params, inputs, beam_size: int, alpha: float, with_uncached: bool) -> list[Setting]:
-    """This project's decoding as translate.py runs it: greedy (`generate`) for beam 1, else beam search."""
-    settings = []
-    special = dict(max_length=_LENGTH.value, bos_id=BOS_ID, eos_id=_NEVER, pad_id=PAD_ID)
-    for use_cache in (True, False) if with_uncached else (True,):
-        if beam_size == 1:
-            search = functools.partial(generate, model=model, choose_token=argmax_token, use_cache=use_cache, **special)
-        else:
-            search = functools.partial(
-                beam_search, model=model, beam_size=beam_size, alpha=alpha, use_cache=use_cache, **special
+def _setup(workdir: str, dtype: str, beam_size: int, alpha: float):
+    """(config, trained model, evaluation setup) of the run, decoding as asked."""
+    config = inference.load_config(workdir).copy_and_resolve_references()
+    config.model.dtype = dtype
+    config.eval.beam_size, config.eval.length_penalty = beam_size, alpha
+    validate_config(config)
+    trained = inference.load_trained_model(config, workdir)
+    return config, trained, translation.eval_setup(config, trained.model, trained.tokenizer, trained.mesh)
+
+
+def _ours(workdir: str, dtype: str, beam_size: int, alpha: float, lines: list[str]):
+    """A call that translates `lines` as translate.py does, with the run's latest parameters."""
+    config, trained, setup = _setup(workdir, dtype, beam_size, alpha)
+    return lambda: inference.translate_lines(setup, trained.params, lines, config.dataset.max_length)
+
+
+def _profile(workdir: str, beam_size: int, alpha: float, lines: list[str], calls: int) -> dict:
+    """`xla_profile.profile` of the float32 search loop over the batch of `lines` with the most source subwords."""
+    config, trained, setup = _setup(workdir, "float32", beam_size, alpha)
+    sources, _ = tokenizer_lib.encode_sources(
+        setup.tokenizer, [line.strip() for line in lines], config.dataset.max_length
+    )
+    batches = batching.source_batches(sources, setup.boundaries, setup.batch_sizes)
+    inputs, _ = max(batches, key=lambda batch: np.count_nonzero(batch[0] != PAD_ID))
+    budgets = decode_length(np.sum(inputs != PAD_ID, axis=1), config.eval.max_decode_length)
+    placed = shard_batch({"inputs": inputs, "budgets": budgets}, setup.mesh, setup.rules)
+    decoder = setup.row_decoder
+    search = decoder.start(
+        trained.params,
+        placed["inputs"],
+        placed["budgets"],
+        max_length=decode_length(inputs.shape[1], config.eval.max_decode_length),
+    )
+    rows = len(inputs)  # Until every row is done.
+    hlo = decoder.run.lower(trained.params, search, rows).compile().as_text()
+
+    def run():
+        jax.block_until_ready(decoder.run(trained.params, search, rows))
+
+    run()
+    return xla_profile.profile(run, hlo, calls=calls, buckets=hlo_buckets.DECODE_BUCKETS)
+
+
+def _ctranslate2(
+    folder: str, lines: list[str], beam_size: int, alpha: float, budgets: list[int], max_source: int, batch_size: int
+):
+    """A call that translates `lines` with CTranslate2: greedy at the largest budget, cut to each line's
+    (a greedy output's first n tokens do not depend on how many follow); beam search at each line's."""
+    import ctranslate2  # pylint: disable=g-import-not-at-top  (the export extra)
+
+    sp = sentencepiece.SentencePieceProcessor(model_file=os.path.join(folder, "sentencepiece.model"))
+    translator = ctranslate2.Translator(folder, device="cpu", intra_threads=os.cpu_count())
+    pieces = [sp.encode(line.strip(), out_type=str)[: max_source - 1] for line in lines]  # CTranslate2 adds </s>.
+    groups = {}
+    for i, budget in enumerate(budgets):
+        groups.setdefault(max(budgets) if beam_size == 1 else budget, []).append(i)
+
+    def translate():
+        outputs = [""] * len(lines)
+        for budget, indices in groups.items():
+            results = translator.translate_batch(
+                [pieces[i] for i in indices],
+                beam_size=beam_size,
+                length_penalty=alpha,
+                max_decoding_length=budget,
+                max_batch_size=batch_size,
             )
-        decode = jax.jit(search)
-        engine = f"this project, {model.config.dtype}, {'cached' if use_cache else 'uncached'}"
-        settings.append(
-            Setting(
-                engine,
-                beam_size,
-                lambda decode=decode: jax.block_until_ready(decode(params, inputs)),
-                lambda decode=decode: decode.lower(params, inputs).compile().as_text(),
-            )
-        )
-    return settings
+            for i, result in zip(indices, results):
+                outputs[i] = sp.decode_pieces(result.hypotheses[0][: budgets[i]])
+        return outputs
+
+    return translate
 
 
-def _ctranslate2_settings(translators: dict, pieces: list[list[str]], beam_size: int, alpha: float) -> list[Setting]:
-    def decode(translator):
-        results = translator.translate_batch(
-            pieces,
-            beam_size=beam_size,
-            length_penalty=alpha,
-            min_decoding_length=_LENGTH.value,
-            max_decoding_length=_LENGTH.value,
-        )
-        lengths = {len(result.hypotheses[0]) for result in results}
-        if lengths != {_LENGTH.value}:  # The same work as this project's rows, or the comparison is void.
-            raise RuntimeError(f"CTranslate2 generated {sorted(lengths)} tokens, not {_LENGTH.value}.")
-
-    return [
-        Setting(f"CTranslate2, {weights}", beam_size, functools.partial(decode, translator))
-        for weights, translator in translators.items()
-    ]
+def _whole_process(command: list[str]) -> float:
+    start = time.perf_counter()
+    subprocess.run(command, check=True, capture_output=True)
+    return time.perf_counter() - start
 
 
-def _ctranslate2_translators(model, params, tokenizer, scratch: str) -> dict:
-    """CTranslate2 translators of the parameters: float32 and int8 weights."""
-    import ctranslate2  # pylint: disable=g-import-not-at-top  (the export extra: only for these rows)
-
-    from exporting import to_ctranslate2  # pylint: disable=g-import-not-at-top
-
-    pieces = [tokenizer.id_to_piece(i) for i in range(tokenizer.vocab_size())]
-    network = network_from_params(model.config, jax.device_get(params))
-    translators = {}
-    for weights, quantization in (("float32", None), ("int8", "int8")):
-        folder = os.path.join(scratch, weights)
-        os.makedirs(folder)
-        # `save` quantizes the spec in place: one spec a weight type.
-        to_ctranslate2.save(to_ctranslate2.transformer_spec_of(network, pieces), folder, quantization)
-        translators[weights] = ctranslate2.Translator(folder, device="cpu", intra_threads=os.cpu_count())
-    return translators
-
-
-def main(argv):
+def main(argv) -> None:
     del argv
-    if _TEST_SET.value:
-        if not _WORKDIR.value:
-            raise app.UsageError("--test_set needs --workdir: a trained run to translate with.")
-        return test_set_speed.main(
-            _WORKDIR.value,
-            sources=_SOURCES.value,
-            references=_REFERENCES.value,
-            dtypes=_DTYPES.value,
-            beam_sizes=[int(b) for b in _BEAM_SIZES.value],
-            rounds=_ROUNDS.value,
-            ct2_batch_size=_CT2_BATCH_SIZE.value,
-            whole_processes=_WHOLE_PROCESSES.value,
-            output=_OUTPUT.value,
-        )
-    config = _CONFIG.value
-    host_memory.set_up()  # As train.py runs.
+    host_memory.set_up()  # As translate.py runs.
     quiet_library_logs()
+    workdir, dtypes, rounds, ct2_batch_size = _WORKDIR.value, _DTYPES.value, _ROUNDS.value, _CT2_BATCH_SIZE.value
     measured_source = records.source()
-    inputs, tokenizer = _sources(config, _WORKDIR.value, _BATCH_SIZE.value)
-    dtypes = list(dict.fromkeys(str(compute_dtype(dtype)) for dtype in _DTYPES.value))  # 'auto' may be float32.
-    models = []
-    for dtype in dtypes:
-        dtype_config = config.copy_and_resolve_references()
-        dtype_config.model.dtype = dtype
-        models.append(make_model(dtype_config, tokenizer.vocab_size()))
-    model = models[0]
-    mesh = sharding.make_mesh()
-    if _WORKDIR.value:
-        params = load_trained_model(config, _WORKDIR.value).params
-    else:
-        params = sharding.replicate(init_params(model, jax.random.PRNGKey(config.seed)), mesh)
-    # CTranslate2's sources: the same sentences as pieces, without the </s> it appends itself.
-    pieces = [[tokenizer.id_to_piece(int(i)) for i in row if i not in (PAD_ID, EOS_ID)] for row in inputs]
-    placed = sharding.shard_batch({"inputs": inputs}, mesh)["inputs"]
-
-    beam_sizes = [int(b) for b in _BEAM_SIZES.value]
+    lines, reference_lines = list(read_lines(_SOURCES.value)), list(read_lines(_REFERENCES.value))
+    config = inference.load_config(workdir)
+    alpha, max_source = config.eval.length_penalty, config.dataset.max_length
+    sp = sentencepiece.SentencePieceProcessor(model_file=os.path.join(workdir, "tokenizer.model"))
+    lengths = [min(len(sp.encode(line.strip())) + 1, max_source) for line in lines]  # As translate.py cuts them.
+    budgets = decode_length(np.array(lengths), config.eval.max_decode_length).tolist()
+    rows, processes, profiles = [], [], {}
     with tempfile.TemporaryDirectory() as scratch:
-        translators = {}
-        if "ctranslate2" in _ENGINES.value:
-            if importlib.util.find_spec("ctranslate2") is None:
-                raise app.UsageError('--engines=ctranslate2 needs the export extra: pip install -e ".[export]".')
-            support.check_exportable(config, "ctranslate2")
-            translators = _ctranslate2_translators(model, params, tokenizer, scratch)
-        settings = []
-        for beam_size in beam_sizes:
-            if "jax" in _ENGINES.value:
-                for i, dtype_model in enumerate(models):
-                    settings += _jax_settings(
-                        dtype_model, params, placed, beam_size, config.eval.length_penalty, with_uncached=i == 0
-                    )
-            settings += _ctranslate2_settings(translators, pieces, beam_size, config.eval.length_penalty)
+        folders = {}
+        for weights, quantization in (("float32", None), ("int8", "int8")):
+            folders[weights] = os.path.join(scratch, weights)
+            exporter.export_run(workdir, "ctranslate2", folders[weights], quantization=quantization)
+        for beam_size in [int(b) for b in _BEAM_SIZES.value]:
+            engines = {f"this project, {dtype}": _ours(workdir, dtype, beam_size, alpha, lines) for dtype in dtypes}
+            for weights, folder in folders.items():
+                engines[f"CTranslate2, {weights}"] = _ctranslate2(
+                    folder, lines, beam_size, alpha, budgets, max_source, ct2_batch_size
+                )
+            seconds = {engine: [] for engine in engines}
+            translations = {}
+            for _ in range(1 + rounds):  # The first round compiles this project's buckets.
+                for engine, translate in engines.items():
+                    start = time.perf_counter()
+                    translations[engine] = translate()
+                    seconds[engine].append(time.perf_counter() - start)
+            for engine, (first, *timed) in seconds.items():
+                subwords = sum(len(sp.encode(line)) + 1 for line in translations[engine])  # With </s>.
+                median = statistics.median(timed)
+                rows.append(
+                    {
+                        "engine": engine,
+                        "beam_size": beam_size,
+                        "first_call_seconds": first,
+                        "seconds": median,
+                        "seconds_all": timed,
+                        "output_subwords": subwords,
+                        "output_subwords_per_second": subwords / median,
+                        "bleu": sacrebleu.BLEU().corpus_score(translations[engine], [reference_lines]).score,
+                    }
+                )
+                logging.info("%s, beam %d: %.1f s, BLEU %.2f", engine, beam_size, median, rows[-1]["bleu"])
+            if _WHOLE_PROCESSES.value:
+                processes += _time_processes(
+                    workdir, folders, lines, beam_size, alpha, config, scratch, ct2_batch_size, dtypes
+                )
+            if _PROFILE_CALLS.value:
+                profiles[f"beam {beam_size}"] = _profile(workdir, beam_size, alpha, lines, _PROFILE_CALLS.value)
+    _write(rows, processes, profiles, lines, rounds, ct2_batch_size, measured_source, workdir, _OUTPUT.value)
 
-        # Seconds of each setting's calls, in order: the first (compiling, for this project) then a round each.
-        seconds = [[] for _ in settings]
-        for _ in range(1 + _ROUNDS.value):
-            for setting, times in zip(settings, seconds):
-                start = time.perf_counter()
-                setting.decode()
-                times.append(time.perf_counter() - start)
-        baseline_engine = f"this project, {dtypes[0]}, cached"
-        profiles = {
-            setting.beam_size: xla_profile.profile(
-                setting.decode, setting.hlo(), calls=_PROFILE_CALLS.value, buckets=hlo_buckets.DECODE_BUCKETS
-            )
-            for setting in settings
-            if _PROFILE_CALLS.value and setting.engine == baseline_engine
-        }
 
-    batch, length = inputs.shape[0], _LENGTH.value
-    rows = []
-    for setting, (first_call, *timed) in zip(settings, seconds):
-        median = statistics.median(timed)
-        rows.append(
-            {
-                "engine": setting.engine,
-                "beam_size": setting.beam_size,
-                "first_call_seconds": first_call,
-                "batch_seconds": median,
-                "batch_seconds_all": timed,
-                "output_tokens_per_second": batch * length / median,
-                "hypothesis_tokens_per_second": batch * setting.beam_size * length / median,
-            }
-        )
-    baseline = {row["beam_size"]: row["batch_seconds"] for row in rows if row["engine"] == baseline_engine}
+# The run's config with a compilation cache of the benchmark's own, for translate.py's --config.
+_CONFIG_WITH_CACHE = """
+import json
+import ml_collections
 
-    def versus_cached(row: dict) -> str:
-        return f"{baseline[row['beam_size']] / row['batch_seconds']:.2f}x" if row["beam_size"] in baseline else "-"
+
+def get_config():
+    with open({config!r}, encoding="utf-8") as f:
+        config = ml_collections.ConfigDict(json.load(f))
+    config.compilation_cache_dir = {cache!r}
+    return config
+"""
+
+
+def _time_processes(workdir, folders, lines, beam_size, alpha, config, scratch, ct2_batch_size, dtypes) -> list[dict]:
+    """Seconds of whole processes translating `lines` into a file: translate.py in each of `dtypes`,
+    first with an empty compilation cache, then again with the programs the first wrote there; the
+    CTranslate2 script, float32 and int8."""
+    source = os.path.join(scratch, "source.txt")
+    with open(source, "w", encoding="utf-8") as f:
+        f.writelines(line + "\n" for line in lines)
+    target = os.path.join(scratch, "target.txt")
+    translate_py = [sys.executable, os.path.join(records.REPO_ROOT, "translate.py"), f"--workdir={workdir}"]
+    translate_py += [f"--beam_size={beam_size}", f"--length_penalty={alpha}", f"--input={source}", f"--output={target}"]
+    commands = {}
+    for dtype in dtypes:
+        config_file = os.path.join(scratch, f"config_beam{beam_size}_{dtype}.py")
+        cache = os.path.join(scratch, f"compilation_cache_beam{beam_size}_{dtype}")
+        with open(config_file, "w", encoding="utf-8") as f:
+            f.write(_CONFIG_WITH_CACHE.format(config=os.path.join(workdir, "config.json"), cache=cache))
+        command = [*translate_py, f"--dtype={dtype}", f"--config={config_file}"]
+        commands[f"translate.py, {dtype}"] = command  # Compiles, and writes the cache.
+        commands[f"translate.py, {dtype}, cached"] = command  # Reads it.
+    for weights, folder in folders.items():
+        commands[f"CTranslate2 script, {weights}"] = [
+            sys.executable,
+            "-c",
+            _CTRANSLATE2_SCRIPT,
+            folder,
+            source,
+            target,
+            str(beam_size),
+            str(alpha),
+            str(config.eval.max_decode_length),
+            str(ct2_batch_size),
+        ]
+    return [{"command": name, "beam_size": beam_size, "seconds": _whole_process(c)} for name, c in commands.items()]
+
+
+def _write(rows, processes, profiles, lines, rounds, ct2_batch_size, measured_source, workdir, output) -> None:
+    def ratio(row: dict, engine: str) -> str:
+        other = next(r for r in rows if r["engine"] == engine and r["beam_size"] == row["beam_size"])
+        return f"{other['seconds'] / row['seconds']:.2f}x"
 
     table = [
-        f"A batch of {batch} test sentences (sources padded to {inputs.shape[1]} subwords), {length} generated "
-        f"tokens per hypothesis, median of {_ROUNDS.value} rounds; this project on "
-        f"{len(jax.devices())} {jax.default_backend()} device(s); "
-        f"CTranslate2 with {os.cpu_count()} threads.",
+        f"The whole test split ({len(lines):,} lines), each sentence with its own budget, median of {rounds} "
+        f"rounds after a first that compiles; CTranslate2 with {os.cpu_count()} threads, {ct2_batch_size} "
+        "sentences a batch. Speed ratios: the other engine's seconds over this row's.",
         "",
-        f"| engine | beam | first call s | batch s | output tokens/s | hypothesis tokens/s | vs {baseline_engine} |",
-        "|---|---:|---:|---:|---:|---:|---:|",
+        "| engine | beam | first call s | s | output subwords/s | vs CTranslate2 float32 | vs int8 | BLEU |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
         *(
-            f"| {row['engine']} | {row['beam_size']} | {row['first_call_seconds']:.1f} | {row['batch_seconds']:.2f} "
-            f"| {row['output_tokens_per_second']:,.0f} | {row['hypothesis_tokens_per_second']:,.0f} "
-            f"| {versus_cached(row)} |"
+            f"| {row['engine']} | {row['beam_size']} | {row['first_call_seconds']:.1f} | {row['seconds']:.1f} "
+            f"| {row['output_subwords_per_second']:,.0f} | {ratio(row, 'CTranslate2, float32')} "
+            f"| {ratio(row, 'CTranslate2, int8')} | {row['bleu']:.2f} |"
             for row in rows
         ),
     ]
+    if processes:
+        table += [
+            "",
+            "Whole processes translating the lines into a file (import, load, compile, decode, write):",
+            "",
+            "| command | beam | seconds |",
+            "|---|---:|---:|",
+            *(f"| {p['command']} | {p['beam_size']} | {p['seconds']:.1f} |" for p in processes),
+        ]
     if profiles:
         table += [
             "",
-            f"Where {baseline_engine} decoding spends a batch's time ({_PROFILE_CALLS.value} profiled batches): "
-            "CPU ms of XLA instructions over all threads.",
+            f"Where this project's float32 search spends its time: CPU ms of XLA instructions over all threads, a run "
+            f"of the loop over the batch with the most source subwords ({_PROFILE_CALLS.value} profiled runs).",
             "",
-            "| operations | " + " | ".join(f"beam {beam_size}" for beam_size in profiles) + " |",
+            "| operations | " + " | ".join(profiles) + " |",
             "|---|" + "---:|" * len(profiles),
             *(
                 f"| {label} | "
@@ -287,25 +309,15 @@ def main(argv):
             "| all instructions | "
             + " | ".join(f"{p['profiled_cpu_ms_per_call']:.0f}" for p in profiles.values())
             + " |",
-            "| wall time a batch x threads (unprofiled) | "
-            + " | ".join(f"{baseline[beam_size] * 1e3 * os.cpu_count():.0f}" for beam_size in profiles)
-            + " |",
         ]
     record = records.new(
-        "decoding speed: this project's search, cached and uncached, and CTranslate2",
-        figures={
-            "rows": rows,
-            "batch": batch,
-            "source_length": int(inputs.shape[1]),
-            "length": length,
-            "profiles": {f"beam {beam_size}": profile for beam_size, profile in profiles.items()},
-        },
-        packages=(*records.DEFAULT_PACKAGES, "ctranslate2"),
-        compute_dtypes=dtypes,
-        workdir=_WORKDIR.value,
+        "decoding a whole test split: this project and CTranslate2",
+        figures={"rows": rows, "whole_processes": processes, "profiles": profiles, "lines": len(lines)},
+        packages=(*records.DEFAULT_PACKAGES, "ctranslate2", "sacrebleu"),
+        workdir=workdir,
         **measured_source,
     )
-    path = _OUTPUT.value or os.path.join(records.RESULTS_DIR, f"decode_speed_{record['machine']['cpu_kind']}")
+    path = output or os.path.join(records.RESULTS_DIR, f"decode_speed_{record['machine']['cpu_kind']}")
     print("\n".join(table))
     print("wrote", records.write(record, path, table))
 

@@ -177,7 +177,7 @@ ROWS = (
     ),
     Row("classification of the bundled help topics (7 classes)", "classify_*", _figures(_classification)),
     Row("quick-start model exported, translating the test set", "export_agreement_*", _export_agreement),
-    Row("decoding speed beside CTranslate2, the same weights", "decode_speed_test_set_*", _figures(_decode_speed)),
+    Row("decoding speed beside CTranslate2, the same weights", "decode_speed_*", _figures(_decode_speed)),
     Row(
         "Transformer-base and -big train step, bf16, one device",
         "accelerator_check_base_big_*",

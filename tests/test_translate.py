@@ -166,3 +166,32 @@ def test_output_to_a_reader_that_stops_early_ends_quietly_with_141():
     process.stdout.close()
     assert process.wait(timeout=120) == 141
     assert process.stderr.read() == b""  # No traceback.
+
+
+def test_decode_speed_times_every_engine_on_every_line_and_profiles_the_search(trained_workdir, small_corpus, tmp_path):
+    """benchmarks/decode_speed.py at a tiny size: both engines translate the split, and the profile sees the loop."""
+    pytest.importorskip("ctranslate2")
+    output = str(tmp_path / "decode_speed")
+    result = run_entry_point(
+        "-m",
+        "benchmarks.decode_speed",
+        f"--workdir={trained_workdir}",
+        f"--sources={small_corpus}/test.en",
+        f"--references={small_corpus}/test.de",
+        "--beam_sizes=1,2",
+        "--dtypes=float32",
+        "--rounds=1",
+        "--nowhole_processes",
+        "--profile_calls=1",
+        f"--output={output}",
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    with open(output + ".json", encoding="utf-8") as f:
+        figures = json.load(f)["figures"]
+    engines = {(row["engine"], row["beam_size"]) for row in figures["rows"]}
+    expected = {"this project, float32", "CTranslate2, float32", "CTranslate2, int8"}
+    assert engines == {(engine, beam) for engine in expected for beam in (1, 2)}
+    assert figures["lines"] == 40 and all(row["output_subwords"] >= 40 for row in figures["rows"])  # </s> at least.
+    for profile in figures["profiles"].values():
+        shares = [bucket["share"] for bucket in profile["buckets"].values()]
+        assert abs(sum(shares) - 1) < 1e-6 and profile["buckets"]["matmuls: vocabulary projection"]["share"] > 0
