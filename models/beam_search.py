@@ -125,7 +125,7 @@ def beam_rows(
         live_tokens=empty,
         live_log_probs=jnp.where(jnp.arange(k) == 0, 0.0, NEG_INF) * jnp.ones((batch_size, 1)),
         finished_tokens=empty,
-        finished_scores=jnp.full((batch_size, k), NEG_INF),
+        finished_scores=jnp.full((batch_size, k), NEG_INF, jnp.float32),  # Typed as `run_beams` leaves it.
         budgets=row_budgets(budgets, batch_size, max_length),
         skip=skip,
         state=state,

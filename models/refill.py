@@ -9,10 +9,12 @@ lengths compiles once.
 
 Once a bucket has no sentence left to start, its last ones would run on in rows that the others
 left: the rows are cut to a quarter (`SHRINK`) whenever at most that many still hold a sentence,
-the live ones moved to the front, down to `MIN_ROWS` (each size compiles once).
+the live ones moved to the front, never below `MIN_ROWS` nor to a number the devices do not
+divide (each size compiles once).
 
-A sentence's translation is what decoding it in any batch gives: every step computes each row on
-its own, and the batches that are encoded are those of the whole-batch decoding.
+A sentence's translation is the one whole-batch decoding gives (`tests/test_refill.py`, and the
+whole test split in float32): every step computes each row on its own, and the batches that are
+encoded are those of the whole-batch decoding.
 """
 
 import dataclasses
@@ -205,16 +207,17 @@ def compile_ahead(decoder: RowDecoder, params: Any, fillers, *, place: Place, ro
         stop: a `threading.Event`; once set, nothing more is compiled.
     """
     for inputs, budgets, max_length in fillers:
-        search = decoder.start(params, *place(inputs, budgets), max_length=max_length)
-        rows = search.budgets.shape[0]
-        decoder.insert(search, search, np.zeros(rows, bool), np.zeros(rows, np.int32))
-        while rows:
+        if stop is not None and stop.is_set():
+            return
+        # Each program gets what decode_batches gives it: a search that `run` or `insert` left.
+        fresh = decoder.start(params, *place(inputs, budgets), max_length=max_length)
+        rows = fresh.budgets.shape[0]
+        search, _, _ = decoder.run(params, fresh, rows)  # Every row is filler, hence done: no step runs.
+        search = decoder.insert(search, fresh, np.zeros(rows, bool), np.zeros(rows, np.int32))
+        while rows := _fewer_rows(rows, row_multiple):
             if stop is not None and stop.is_set():
                 return
-            decoder.run(params, search, rows)  # Every row is filler, hence done: no step runs.
-            rows = _fewer_rows(rows, row_multiple)
-            if rows:
-                search = decoder.take(search, np.zeros(rows, np.int32))
+            search, _, _ = decoder.run(params, decoder.take(search, np.zeros(rows, np.int32)), rows)
 
 
 def _encode_next(decoder, params, batches, pending: list, place, max_length: int) -> bool:

@@ -4,11 +4,11 @@ XLA:CPU runs `lax.top_k` and `jnp.argmax` over a whole vocabulary as scalar loop
 row, a reduction over (value, index) pairs), where a plain maximum is vectorized: on the
 quick-start model they were a seventh of greedy decoding's time and most of beam search's
 bookkeeping (docs/decoding.md, profile). Here the last axis is cut into blocks; the maximum of
-each block is one vectorized pass, and the k best values lie in the k blocks with the largest
-maxima (at most k blocks hold a value at least the k-th largest), so the exact selection runs
-over k blocks instead of the whole axis. Blocks are taken in index order, so ties are broken as
-lax.top_k and jnp.argmax break them (the lower index first): values and indices are identical
-for any input without NaN.
+each block is one vectorized pass, and the k best values (equal ones ranked by the lower index,
+as lax.top_k and jnp.argmax rank them) lie in the k blocks ranked first by their maxima, so the
+exact selection runs over k blocks instead of the whole axis. The chosen blocks are taken in
+index order, which keeps that ranking of equal values: the values and indices are lax.top_k's
+and jnp.argmax's (tests/test_top_k.py, random and tie-heavy inputs).
 """
 
 import jax
@@ -28,7 +28,7 @@ def top_k(x: Array, k: int) -> tuple[Array, Array]:
     """`lax.top_k(x, k)`: the last axis' k largest values, largest first, and their indices. [..., n] -> [..., k]."""
     n = x.shape[-1]
     size = block_size(n, k)
-    if size == 1 or k >= n // size:
+    if size == 1:
         return jax.lax.top_k(x, k)
     blocks = x.reshape(*x.shape[:-1], n // size, size)
     _, chosen = jax.lax.top_k(jnp.max(blocks, axis=-1), k)

@@ -59,16 +59,13 @@ def _decoder(model, beam_size):
     return refill.beam_decoder(model, beam_size=beam_size, alpha=0.6, **_IDS)
 
 
+def _place(inputs, budgets):
+    return jnp.asarray(inputs), jnp.asarray(budgets)
+
+
 def _refilled(decoder, params, batches, max_length):
     return dict(
-        refill.decode_batches(
-            decoder,
-            params,
-            iter(batches),
-            max_length=max_length,
-            place=lambda inputs, budgets: (jnp.asarray(inputs), jnp.asarray(budgets)),
-            fetch=np.asarray,
-        )
+        refill.decode_batches(decoder, params, iter(batches), max_length=max_length, place=_place, fetch=np.asarray)
     )
 
 
@@ -109,3 +106,20 @@ def test_the_last_sentences_move_to_fewer_rows_and_translate_as_whole_batches(be
     found = _refilled(dataclasses.replace(decoder, take=take), params, batches, max_length)
     _assert_same_outputs(found, expected)
     assert row_counts == [ROWS // 2, ROWS // 4], row_counts
+
+
+@pytest.mark.parametrize("beam_size", [1, 3])
+def test_compiling_ahead_compiles_every_program_decoding_then_runs(beam_size, monkeypatch):
+    """After `compile_ahead` on filler rows of the batches' shape, decoding them (rows shrinking) compiles nothing."""
+    monkeypatch.setattr(refill, "SHRINK", 2)
+    monkeypatch.setattr(refill, "MIN_ROWS", 1)
+    model, params, batches = _model_and_batches()
+    max_length = decode_length(SOURCE_LENGTH, 20)
+    decoder = _decoder(model, beam_size)
+    inputs, budgets, _ = batches[0]
+    refill.compile_ahead(decoder, params, [(np.full_like(inputs, PAD), budgets, max_length)], place=_place)
+    programs = ("start", "insert", "run", "take")
+    compiled = {name: getattr(decoder, name)._cache_size() for name in programs}
+    assert all(compiled.values()), compiled
+    _refilled(decoder, params, batches, max_length)
+    assert {name: getattr(decoder, name)._cache_size() for name in programs} == compiled

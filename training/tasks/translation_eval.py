@@ -84,6 +84,8 @@ class EvalSetup:
     decoding: str = "greedy"  # As `describe_decoding` puts it.
     row_decoder: refill.RowDecoder | None = None  # Greedy and beam search refill rows; None: batch by batch.
     seed: int = 0  # Sampling's randomness: batch i uses fold_in(PRNGKey(seed), i).
+    # (rows, source length) of the buckets whose programs were compiled ahead (`_compiling_ahead`).
+    compiled_ahead: set = dataclasses.field(default_factory=set, compare=False)
 
     def batches(self, pairs: batching.ParallelIds):
         """`batching.eval_batches` of `pairs`, this process's rows of each."""
@@ -144,7 +146,11 @@ def _decoded(setup: EvalSetup, params, batches) -> Iterator[tuple[int, np.ndarra
         buckets = [list(bucket) for _, bucket in itertools.groupby(with_budgets(batches), key=lambda b: b[0].shape[1])]
         max_lengths = [decode_length(bucket[0][0].shape[1], setup.max_decode_length) for bucket in buckets]
         row_multiple = num_batch_shards(setup.mesh, setup.rules)
-        fillers = [(np.full_like(b[0][0], PAD_ID), b[0][1], n) for b, n in zip(buckets[1:], max_lengths[1:])]
+        fillers = []  # Filler rows of each later bucket's shape, whose programs this setup has not compiled.
+        for ((inputs, budgets, _), *_), max_length in zip(buckets[1:], max_lengths[1:]):
+            if inputs.shape not in setup.compiled_ahead:
+                setup.compiled_ahead.add(inputs.shape)
+                fillers.append((np.full_like(inputs, PAD_ID), budgets, max_length))
         with _compiling_ahead(setup.row_decoder, params, fillers, place, row_multiple):
             for bucket, max_length in zip(buckets, max_lengths):
                 yield from refill.decode_batches(
