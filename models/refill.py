@@ -78,11 +78,11 @@ def _take_rows(tree: Any, rows: int, source: Array, copies: int) -> Any:
     return jax.tree.map(take, tree)
 
 
-def _row_decoder(start, insert, run, copies: int, rows_of: Callable[[Any], int]) -> RowDecoder:
-    """The jitted `RowDecoder` of a search's functions; rows_of(search) is its number of rows."""
+def _row_decoder(start, insert, run, copies: int) -> RowDecoder:
+    """The jitted `RowDecoder` of a search's functions (each search's `budgets` has one entry a row)."""
 
     def take(search, source):
-        return _take_rows(search, rows_of(search), source, copies)
+        return _take_rows(search, search.budgets.shape[0], source, copies)
 
     return RowDecoder(jax.jit(start, static_argnames=('max_length',)), jax.jit(insert), jax.jit(run), jax.jit(take))
 
@@ -111,7 +111,7 @@ def greedy_decoder(model: Transformer, *, bos_id: int, eos_id: int, pad_id: int)
         )
         return rows, rows.finished, rows.tokens[:, 1:]
 
-    return _row_decoder(start, insert, run, 1, lambda rows: rows.finished.shape[0])
+    return _row_decoder(start, insert, run, 1)
 
 
 def beam_decoder(
@@ -135,7 +135,7 @@ def beam_decoder(
         best = jnp.where(beams.skip[:, None], pad_id, beams.finished_tokens[:, 0, 1:])
         return beams, beams_done(beams, alpha), best
 
-    return _row_decoder(start, insert, run, beam_size, lambda beams: beams.skip.shape[0])
+    return _row_decoder(start, insert, run, beam_size)
 
 
 def decode_batches(

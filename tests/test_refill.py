@@ -88,15 +88,19 @@ def test_refilled_rows_translate_as_whole_batches(beam_size, refill_share, monke
     assert len(set(lengths)) > 2, lengths  # Sentences end at different steps: rows are refilled at different times.
 
 
-@pytest.mark.parametrize("beam_size", [1, 3])
-def test_the_last_sentences_move_to_fewer_rows_and_translate_as_whole_batches(beam_size, monkeypatch):
-    """Without sentences left to start, the live rows move to a half, then a quarter of the rows: the same outputs."""
+@pytest.fixture(params=[1, 3], ids=["greedy", "beam3"])
+def shrinking(request, monkeypatch):
+    """(beam size, model, params, batches, max_length, decoder), rows halved down to one once no sentence waits."""
     monkeypatch.setattr(refill, "SHRINK", 2)
     monkeypatch.setattr(refill, "MIN_ROWS", 1)
     model, params, batches = _model_and_batches()
-    max_length = decode_length(SOURCE_LENGTH, 20)
+    return request.param, model, params, batches, decode_length(SOURCE_LENGTH, 20), _decoder(model, request.param)
+
+
+def test_the_last_sentences_move_to_fewer_rows_and_translate_as_whole_batches(shrinking):
+    """Without sentences left to start, the live rows move to a half, then a quarter of the rows: the same outputs."""
+    beam_size, model, params, batches, max_length, decoder = shrinking
     expected = _whole_batches(model, params, batches, max_length, beam_size)
-    decoder = _decoder(model, beam_size)
     row_counts = []
 
     def take(search, source):
@@ -108,14 +112,9 @@ def test_the_last_sentences_move_to_fewer_rows_and_translate_as_whole_batches(be
     assert row_counts == [ROWS // 2, ROWS // 4], row_counts
 
 
-@pytest.mark.parametrize("beam_size", [1, 3])
-def test_compiling_ahead_compiles_every_program_decoding_then_runs(beam_size, monkeypatch):
+def test_compiling_ahead_compiles_every_program_decoding_then_runs(shrinking):
     """After `compile_ahead` on filler rows of the batches' shape, decoding them (rows shrinking) compiles nothing."""
-    monkeypatch.setattr(refill, "SHRINK", 2)
-    monkeypatch.setattr(refill, "MIN_ROWS", 1)
-    model, params, batches = _model_and_batches()
-    max_length = decode_length(SOURCE_LENGTH, 20)
-    decoder = _decoder(model, beam_size)
+    _, _, params, batches, max_length, decoder = shrinking
     inputs, budgets, _ = batches[0]
     refill.compile_ahead(decoder, params, [(np.full_like(inputs, PAD), budgets, max_length)], place=_place)
     programs = ("start", "insert", "run", "take")

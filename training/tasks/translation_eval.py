@@ -146,11 +146,7 @@ def _decoded(setup: EvalSetup, params, batches) -> Iterator[tuple[int, np.ndarra
         buckets = [list(bucket) for _, bucket in itertools.groupby(with_budgets(batches), key=lambda b: b[0].shape[1])]
         max_lengths = [decode_length(bucket[0][0].shape[1], setup.max_decode_length) for bucket in buckets]
         row_multiple = num_batch_shards(setup.mesh, setup.rules)
-        fillers = []  # Filler rows of each later bucket's shape, whose programs this setup has not compiled.
-        for ((inputs, budgets, _), *_), max_length in zip(buckets[1:], max_lengths[1:]):
-            if inputs.shape not in setup.compiled_ahead:
-                setup.compiled_ahead.add(inputs.shape)
-                fillers.append((np.full_like(inputs, PAD_ID), budgets, max_length))
+        fillers = _fillers_to_compile(setup, buckets[1:], max_lengths[1:])
         with _compiling_ahead(setup.row_decoder, params, fillers, place, row_multiple):
             for bucket, max_length in zip(buckets, max_lengths):
                 yield from refill.decode_batches(
@@ -169,6 +165,16 @@ def _decoded(setup: EvalSetup, params, batches) -> Iterator[tuple[int, np.ndarra
         max_length = decode_length(inputs.shape[1], setup.max_decode_length)
         decoded = fetch(setup.decode_fn(params, *place(inputs, budgets), rng, max_length=max_length))
         yield from zip(indices, decoded[: len(indices)])
+
+
+def _fillers_to_compile(setup: EvalSetup, buckets: list, max_lengths: list[int]) -> list:
+    """`refill.compile_ahead`'s fillers for the buckets whose programs this setup has not compiled yet."""
+    fillers = []
+    for ((inputs, budgets, _), *_), max_length in zip(buckets, max_lengths):
+        if inputs.shape not in setup.compiled_ahead:
+            setup.compiled_ahead.add(inputs.shape)
+            fillers.append((np.full_like(inputs, PAD_ID), budgets, max_length))
+    return fillers
 
 
 @contextlib.contextmanager
