@@ -5,13 +5,15 @@ r"""Decoding a whole test split: this project beside CTranslate2, in one process
 
 Decodes the test split as translate.py and evaluation do (`inference.translate_lines`: each
 sentence with its own budget, the run's batches), greedy and with beam 4 at the run's alpha, in
-this project's 'auto' and float32 dtypes, beside CTranslate2 float32 and int8 on the run exported
-with export.py's code (--ct2_batch_size sentences a batch, the machine's cores as threads; greedy
-at the one budget `max_decode_length`, cut to each sentence's, beam search at each sentence's
-budget), alternating in rounds; it reports output subwords per second (with `</s>`) and BLEU of
-each. Then it times whole processes on the same lines, start to end (import, load, compile, decode,
-write): translate.py, first with an empty compilation cache and again with the programs it wrote
-there, against a CTranslate2 script that loads the export and translates the file.
+this project's 'auto' and float32 dtypes, alternating in rounds in this process; then CTranslate2
+float32 and int8 on the run exported with export.py's code, the same rounds in a process of their
+own (benchmarks/ctranslate2_engine.py says why; --ct2_batch_size sentences a batch, on a GPU where
+CTranslate2 finds one, else with the machine's cores as threads; greedy at the largest budget, cut
+to each sentence's, beam search at each sentence's budget). It reports output subwords per second
+(with `</s>`) and BLEU of each. Then it times whole processes on the same lines, start to end
+(import, load, compile, decode, write): translate.py, first with an empty compilation cache and
+again with the programs it wrote there, against ctranslate2_engine.py translating the file.
+--noctranslate2 leaves CTranslate2 out (a machine without the export extra).
 
 With --profile_calls, this project's float32 search is profiled too (benchmarks/xla_profile.py, by
 decoding's buckets: the model's matmuls, the search's top-k and beam reordering, cache writes,
@@ -32,7 +34,7 @@ import sacrebleu
 import sentencepiece
 from absl import app, flags, logging
 
-from benchmarks import hlo_buckets, xla_profile
+from benchmarks import accelerator_step, ctranslate2_engine, hlo_buckets, xla_profile
 from common import records
 from common.special_ids import PAD_ID
 from exporting import exporter
@@ -54,26 +56,13 @@ _BEAM_SIZES = flags.DEFINE_list("beam_sizes", ["1", "4"], "Beam sizes to time (1
 _DTYPES = flags.DEFINE_list("dtypes", ["auto", "float32"], "This project's compute dtypes (model.dtype values).")
 _ROUNDS = flags.DEFINE_integer("rounds", 2, "Timed rounds after a first that compiles; each translates every line.")
 _CT2_BATCH_SIZE = flags.DEFINE_integer("ct2_batch_size", 32, "CTranslate2's sentences a batch.")
+_CTRANSLATE2 = flags.DEFINE_bool("ctranslate2", True, "Time CTranslate2 too (needs the export extra).")
 _WHOLE_PROCESSES = flags.DEFINE_bool("whole_processes", True, "Also time whole processes.")
 _PROFILE_CALLS = flags.DEFINE_integer("profile_calls", 0, "Runs of the float32 search to profile (0: none).")
-_OUTPUT = flags.DEFINE_string("output", "", "Record path without suffix (default: decode_speed_<cpu kind>).")
+_OUTPUT = flags.DEFINE_string(
+    "output", "", "Record path without suffix (default: decode_speed_<cpu kind>, or _<platform> on an accelerator)."
+)
 flags.mark_flags_as_required(["workdir"])
-
-# A user's CTranslate2 translation of a file: load the export, translate every line, write.
-_CTRANSLATE2_SCRIPT = """
-import os, sys
-import ctranslate2, sentencepiece
-folder, source, target, beam_size, alpha, max_length, batch_size = sys.argv[1:]
-sp = sentencepiece.SentencePieceProcessor(model_file=os.path.join(folder, "sentencepiece.model"))
-translator = ctranslate2.Translator(folder, device="cpu", intra_threads=os.cpu_count())
-with open(source, encoding="utf-8") as f:
-    lines = f.read().split("\\n")[:-1]
-results = translator.translate_batch(
-    [sp.encode(line, out_type=str) for line in lines], beam_size=int(beam_size), length_penalty=float(alpha),
-    max_decoding_length=int(max_length), max_batch_size=int(batch_size))
-with open(target, "w", encoding="utf-8") as f:
-    f.writelines(sp.decode_pieces(result.hypotheses[0]) + "\\n" for result in results)
-"""
 
 
 def _setup(workdir: str, dtype: str, beam_size: int, alpha: float):
@@ -119,41 +108,29 @@ def _profile(workdir: str, beam_size: int, alpha: float, lines: list[str], calls
     return xla_profile.profile(run, hlo, calls=calls, buckets=hlo_buckets.DECODE_BUCKETS)
 
 
-def _ctranslate2(
-    folder: str, lines: list[str], beam_size: int, alpha: float, budgets: list[int], max_source: int, batch_size: int
-):
-    """A call that translates `lines` with CTranslate2: greedy at the largest budget, cut to each line's
-    (a greedy output's first n tokens do not depend on how many follow); beam search at each line's."""
-    import ctranslate2  # pylint: disable=g-import-not-at-top  (the export extra)
-
-    sp = sentencepiece.SentencePieceProcessor(model_file=os.path.join(folder, "sentencepiece.model"))
-    translator = ctranslate2.Translator(folder, device="cpu", intra_threads=os.cpu_count())
-    pieces = [sp.encode(line.strip(), out_type=str)[: max_source - 1] for line in lines]  # CTranslate2 adds </s>.
-    groups = {}
-    for i, budget in enumerate(budgets):
-        groups.setdefault(max(budgets) if beam_size == 1 else budget, []).append(i)
-
-    def translate():
-        outputs = [""] * len(lines)
-        for budget, indices in groups.items():
-            results = translator.translate_batch(
-                [pieces[i] for i in indices],
-                beam_size=beam_size,
-                length_penalty=alpha,
-                max_decoding_length=budget,
-                max_batch_size=batch_size,
-            )
-            for i, result in zip(indices, results):
-                outputs[i] = sp.decode_pieces(result.hypotheses[0][: budgets[i]])
-        return outputs
-
-    return translate
-
-
 def _whole_process(command: list[str]) -> float:
     start = time.perf_counter()
-    subprocess.run(command, check=True, capture_output=True)
+    subprocess.run(command, check=True, capture_output=True, cwd=records.REPO_ROOT)
     return time.perf_counter() - start
+
+
+def _row(engine: str, beam_size: int, seconds: list[float], translations: list[str], references: list[str], sp) -> dict:
+    """A table row from an engine's seconds (the first round compiling, the others timed) and translations."""
+    first, *timed = seconds
+    subwords = sum(len(sp.encode(line)) + 1 for line in translations)  # With </s>.
+    median = statistics.median(timed)
+    bleu = sacrebleu.BLEU().corpus_score(translations, [references]).score
+    logging.info("%s, beam %d: %.1f s, BLEU %.2f", engine, beam_size, median, bleu)
+    return {
+        "engine": engine,
+        "beam_size": beam_size,
+        "first_call_seconds": first,
+        "seconds": median,
+        "seconds_all": timed,
+        "output_subwords": subwords,
+        "output_subwords_per_second": subwords / median,
+        "bleu": bleu,
+    }
 
 
 def main(argv) -> None:
@@ -168,18 +145,14 @@ def main(argv) -> None:
     sp = sentencepiece.SentencePieceProcessor(model_file=os.path.join(workdir, "tokenizer.model"))
     lengths = [min(len(sp.encode(line.strip())) + 1, max_source) for line in lines]  # As translate.py cuts them.
     budgets = decode_length(np.array(lengths), config.eval.max_decode_length).tolist()
-    rows, processes, profiles = [], [], {}
+    rows, processes, profiles, ct2_devices = [], [], {}, set()
     with tempfile.TemporaryDirectory() as scratch:
         folders = {}
-        for weights, quantization in (("float32", None), ("int8", "int8")):
+        for weights, quantization in (("float32", None), ("int8", "int8")) if _CTRANSLATE2.value else ():
             folders[weights] = os.path.join(scratch, weights)
             exporter.export_run(workdir, "ctranslate2", folders[weights], quantization=quantization)
         for beam_size in [int(b) for b in _BEAM_SIZES.value]:
             engines = {f"this project, {dtype}": _ours(workdir, dtype, beam_size, alpha, lines) for dtype in dtypes}
-            for weights, folder in folders.items():
-                engines[f"CTranslate2, {weights}"] = _ctranslate2(
-                    folder, lines, beam_size, alpha, budgets, max_source, ct2_batch_size
-                )
             seconds = {engine: [] for engine in engines}
             translations = {}
             for _ in range(1 + rounds):  # The first round compiles this project's buckets.
@@ -187,29 +160,30 @@ def main(argv) -> None:
                     start = time.perf_counter()
                     translations[engine] = translate()
                     seconds[engine].append(time.perf_counter() - start)
-            for engine, (first, *timed) in seconds.items():
-                subwords = sum(len(sp.encode(line)) + 1 for line in translations[engine])  # With </s>.
-                median = statistics.median(timed)
-                rows.append(
-                    {
-                        "engine": engine,
-                        "beam_size": beam_size,
-                        "first_call_seconds": first,
-                        "seconds": median,
-                        "seconds_all": timed,
-                        "output_subwords": subwords,
-                        "output_subwords_per_second": subwords / median,
-                        "bleu": sacrebleu.BLEU().corpus_score(translations[engine], [reference_lines]).score,
-                    }
+            rows += [_row(e, beam_size, seconds[e], translations[e], reference_lines, sp) for e in engines]
+            for weights, folder in folders.items():
+                # Greedy at the largest budget, cut to each line's (a greedy output's first n subwords do not
+                # depend on how many follow); beam search at each line's.
+                theirs = ctranslate2_engine.translate(
+                    folder,
+                    lines,
+                    [max(budgets)] * len(lines) if beam_size == 1 else budgets,
+                    beam_size=beam_size,
+                    length_penalty=alpha,
+                    max_source_length=max_source,
+                    batch_size=ct2_batch_size,
+                    rounds=1 + rounds,
                 )
-                logging.info("%s, beam %d: %.1f s, BLEU %.2f", engine, beam_size, median, rows[-1]["bleu"])
+                ct2_devices.add(theirs.device)
+                texts = [sp.decode_pieces(h[:budget]) for h, budget in zip(theirs.hypotheses, budgets)]
+                rows.append(_row(f"CTranslate2, {weights}", beam_size, theirs.seconds, texts, reference_lines, sp))
             if _WHOLE_PROCESSES.value:
                 processes += _time_processes(
                     workdir, folders, lines, beam_size, alpha, config, scratch, ct2_batch_size, dtypes
                 )
             if _PROFILE_CALLS.value:
                 profiles[f"beam {beam_size}"] = _profile(workdir, beam_size, alpha, lines, _PROFILE_CALLS.value)
-    _write(rows, processes, profiles, lines, rounds, ct2_batch_size, measured_source, workdir, _OUTPUT.value)
+    _write(rows, processes, profiles, lines, rounds, ct2_batch_size, sorted(ct2_devices), measured_source, workdir)
 
 
 # The run's config with a compilation cache of the benchmark's own, for translate.py's --config.
@@ -228,8 +202,9 @@ def get_config():
 
 def _time_processes(workdir, folders, lines, beam_size, alpha, config, scratch, ct2_batch_size, dtypes) -> list[dict]:
     """Seconds of whole processes translating `lines` into a file: translate.py in each of `dtypes`,
-    first with an empty compilation cache, then again with the programs the first wrote there; the
-    CTranslate2 script, float32 and int8."""
+    first with an empty compilation cache, then again with the programs the first wrote there;
+    benchmarks/ctranslate2_engine.py with each export in `folders`."""
+    max_source = config.dataset.max_length
     source = os.path.join(scratch, "source.txt")
     with open(source, "w", encoding="utf-8") as f:
         f.writelines(line + "\n" for line in lines)
@@ -246,37 +221,39 @@ def _time_processes(workdir, folders, lines, beam_size, alpha, config, scratch, 
         commands[f"translate.py, {dtype}"] = command  # Compiles, and writes the cache.
         commands[f"translate.py, {dtype}, cached"] = command  # Reads it.
     for weights, folder in folders.items():
-        commands[f"CTranslate2 script, {weights}"] = [
-            sys.executable,
-            "-c",
-            _CTRANSLATE2_SCRIPT,
-            folder,
-            source,
-            target,
-            str(beam_size),
-            str(alpha),
-            str(config.eval.max_decode_length),
-            str(ct2_batch_size),
+        commands[f"CTranslate2, {weights}"] = [
+            *(sys.executable, "-m", "benchmarks.ctranslate2_engine", folder, source, target),
+            *(f"--beam_size={beam_size}", f"--length_penalty={alpha}", f"--batch_size={ct2_batch_size}"),
+            *(f"--max_decoding_length={config.eval.max_decode_length}", f"--max_source_length={max_source}"),
         ]
     return [{"command": name, "beam_size": beam_size, "seconds": _whole_process(c)} for name, c in commands.items()]
 
 
-def _write(rows, processes, profiles, lines, rounds, ct2_batch_size, measured_source, workdir, output) -> None:
-    def ratio(row: dict, engine: str) -> str:
-        other = next(r for r in rows if r["engine"] == engine and r["beam_size"] == row["beam_size"])
-        return f"{other['seconds'] / row['seconds']:.2f}x"
+def _write(rows, processes, profiles, lines, rounds, ct2_batch_size, ct2_devices, measured_source, workdir) -> None:
+    references = [
+        engine for engine in ("CTranslate2, float32", "CTranslate2, int8") if any(r["engine"] == engine for r in rows)
+    ]
 
+    def ratios(row: dict) -> str:
+        """The reference engines' seconds over this row's, at its beam size."""
+        seconds = {r["engine"]: r["seconds"] for r in rows if r["beam_size"] == row["beam_size"]}
+        return "".join(f" {seconds[engine] / row['seconds']:.2f}x |" for engine in references)
+
+    ct2 = ""
+    if references:
+        threads = f"{os.cpu_count()} threads" if ct2_devices == ["cpu"] else "/".join(ct2_devices)
+        ct2 = f"; CTranslate2 in a process of its own ({threads}, {ct2_batch_size} sentences a batch)"
     table = [
         f"The whole test split ({len(lines):,} lines), each sentence with its own budget, median of {rounds} "
-        f"rounds after a first that compiles; CTranslate2 with {os.cpu_count()} threads, {ct2_batch_size} "
-        "sentences a batch. Speed ratios: the other engine's seconds over this row's.",
+        f"rounds after a first that compiles{ct2}. Speed ratios: the other engine's seconds over this row's.",
         "",
-        "| engine | beam | first call s | s | output subwords/s | vs CTranslate2 float32 | vs int8 | BLEU |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|",
+        "| engine | beam | first call s | s | output subwords/s |"
+        + "".join(f" vs {e} |" for e in references)
+        + " BLEU |",
+        "|---|---:|---:|---:|---:|" + "---:|" * len(references) + "---:|",
         *(
             f"| {row['engine']} | {row['beam_size']} | {row['first_call_seconds']:.1f} | {row['seconds']:.1f} "
-            f"| {row['output_subwords_per_second']:,.0f} | {ratio(row, 'CTranslate2, float32')} "
-            f"| {ratio(row, 'CTranslate2, int8')} | {row['bleu']:.2f} |"
+            f"| {row['output_subwords_per_second']:,.0f} |{ratios(row)} {row['bleu']:.2f} |"
             for row in rows
         ),
     ]
@@ -310,14 +287,18 @@ def _write(rows, processes, profiles, lines, rounds, ct2_batch_size, measured_so
             + " | ".join(f"{p['profiled_cpu_ms_per_call']:.0f}" for p in profiles.values())
             + " |",
         ]
+    accelerator = {} if jax.default_backend() == "cpu" else {"accelerator": accelerator_step.accelerator()}
     record = records.new(
         "decoding a whole test split: this project and CTranslate2",
         figures={"rows": rows, "whole_processes": processes, "profiles": profiles, "lines": len(lines)},
         packages=(*records.DEFAULT_PACKAGES, "ctranslate2", "sacrebleu"),
         workdir=workdir,
+        ctranslate2_devices=ct2_devices,
+        **accelerator,
         **measured_source,
     )
-    path = output or os.path.join(records.RESULTS_DIR, f"decode_speed_{record['machine']['cpu_kind']}")
+    machine = accelerator["accelerator"]["platform"] if accelerator else record["machine"]["cpu_kind"]
+    path = _OUTPUT.value or os.path.join(records.RESULTS_DIR, f"decode_speed_{machine}")
     print("\n".join(table))
     print("wrote", records.write(record, path, table))
 

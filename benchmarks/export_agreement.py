@@ -7,7 +7,8 @@ CTranslate2 (float32 and int8), then translates every test sentence with each en
 this project's own decoding (translate.py's `inference.translate_lines`), greedy and with beam 4.
 Each row gives, against this project's float32 output with the same search, the share of lines
 identical and the detokenized sacreBLEU, and its output subwords (with `</s>`) per second (this
-project's jitted float32 decoding: the second of two passes, the first compiling).
+project's jitted float32 decoding: the second of two passes, the first compiling; CTranslate2 in a
+process of its own, benchmarks/ctranslate2_engine.py).
 
 Each sentence has its own length budget here (`models.decoding.decode_length`); the engines take
 one a call. Greedy engines decode at `eval.max_decode_length` and are compared twice: as they
@@ -24,7 +25,6 @@ import tempfile
 import time
 from collections.abc import Callable
 
-import ctranslate2
 import numpy as np
 import sacrebleu
 import sentencepiece
@@ -32,6 +32,7 @@ import torch
 import transformers
 from absl import app, flags
 
+from benchmarks import ctranslate2_engine
 from common import records
 from common.special_ids import EOS_ID, PAD_ID
 from exporting import exporter
@@ -130,23 +131,23 @@ def _huggingface(folder: str, lines: list[str], decoding: Decoding, max_source: 
 
 
 def _ctranslate2(folder: str, lines: list[str], decoding: Decoding, max_source: int, groups) -> EngineOutput:
-    sp = sentencepiece.SentencePieceProcessor(model_file=os.path.join(folder, "sentencepiece.model"))
-    translator = ctranslate2.Translator(folder, device="cpu", intra_threads=os.cpu_count())
-    pieces = [sp.encode(line, out_type=str)[: max_source - 1] for line in lines]  # CTranslate2 adds </s>.
-    translations = [[] for _ in lines]
-    start = time.perf_counter()
+    """CTranslate2 in a process of its own (benchmarks/ctranslate2_engine.py says why)."""
+    budgets = [0] * len(lines)
     for budget, indices in groups.items():
-        results = translator.translate_batch(
-            [pieces[i] for i in indices],
-            beam_size=decoding.beam_size,
-            length_penalty=decoding.alpha,
-            max_batch_size=_BATCH_SIZE.value,
-            max_decoding_length=budget,
-        )
-        for i, result in zip(indices, results):
-            translations[i] = [sp.piece_to_id(piece) for piece in result.hypotheses[0]]
-    seconds = time.perf_counter() - start
-    return EngineOutput(translations, lambda ids: sp.decode_pieces([sp.id_to_piece(i) for i in ids]), seconds)
+        for i in indices:
+            budgets[i] = budget
+    sp = sentencepiece.SentencePieceProcessor(model_file=os.path.join(folder, "sentencepiece.model"))
+    theirs = ctranslate2_engine.translate(
+        folder,
+        lines,
+        budgets,
+        beam_size=decoding.beam_size,
+        length_penalty=decoding.alpha,
+        max_source_length=max_source,
+        batch_size=_BATCH_SIZE.value,
+    )
+    translations = [[sp.piece_to_id(piece) for piece in hypothesis] for hypothesis in theirs.hypotheses]
+    return EngineOutput(translations, lambda ids: sp.decode_pieces([sp.id_to_piece(i) for i in ids]), theirs.seconds[0])
 
 
 def _speed(row: dict) -> str:

@@ -19,6 +19,7 @@ import pytest
 import sentencepiece as spm
 from conftest import TINY_MODEL, WITHOUT_TENSORFLOW, run_entry_point
 
+from benchmarks import ctranslate2_engine
 from common.special_ids import BOS_ID, EOS_ID, PAD_ID
 from common.workdir import Workdir
 from exporting.network import network_from_params
@@ -556,6 +557,46 @@ def test_ctranslate2_greedy_translates_as_we_do(translator, pieces, ours):
     sp = ours.trained.tokenizer
     theirs = [[sp.piece_to_id(p) for p in r.hypotheses[0]] for r in results]
     _check_greedy_results(ours, _cut_to_budgets(theirs, ours.budgets()), "ctranslate2")
+
+
+def test_the_benchmarks_ctranslate2_process_translates_as_the_translator_does(run, translator, pieces, ours, tmp_path):
+    """benchmarks/ctranslate2_engine.py as decode_speed runs it (pieces, rounds) and as a whole process (text)."""
+    budgets = ours.budgets()
+    theirs = ctranslate2_engine.translate(
+        run.ctranslate2,
+        ours.sentences,
+        budgets,
+        beam_size=2,
+        length_penalty=0.6,
+        max_source_length=ours.config.dataset.max_length,
+        batch_size=4,
+        rounds=2,
+    )
+    expected = [None] * len(pieces)
+    for budget, rows in _by_budget(budgets).items():
+        results = translator.translate_batch(
+            [pieces[i] for i in rows],
+            beam_size=2,
+            length_penalty=0.6,
+            max_decoding_length=budget,
+            min_decoding_length=0,
+        )
+        for i, result in zip(rows, results):
+            expected[i] = result.hypotheses[0]
+    assert theirs.hypotheses == expected
+    assert len(theirs.seconds) == 2 and min(theirs.seconds) > 0 and theirs.device == "cpu"
+
+    source, target = tmp_path / "source.txt", tmp_path / "target.txt"
+    source.write_text("".join(s + "\n" for s in ours.sentences), encoding="utf-8")
+    command = ["-m", "benchmarks.ctranslate2_engine", run.ctranslate2, str(source), str(target), "--beam_size=2"]
+    result = run_entry_point(*command, "--length_penalty=0.6", f"--max_decoding_length={max(budgets)}")
+    assert result.returncode == 0, result.stderr[-3000:]
+    results = translator.translate_batch(
+        pieces, beam_size=2, length_penalty=0.6, max_decoding_length=max(budgets), min_decoding_length=0
+    )
+    sp = spm.SentencePieceProcessor(model_file=os.path.join(run.ctranslate2, "sentencepiece.model"))
+    expected_text = "".join(sp.decode_pieces(r.hypotheses[0]) + "\n" for r in results)
+    assert target.read_text(encoding="utf-8") == expected_text
 
 
 def test_ctranslate2_beam_search_with_the_runs_length_penalty_translates_as_we_do(translator, pieces, ours):
