@@ -135,6 +135,8 @@ def _row(engine: str, beam_size: int, seconds: list[float], translations: list[s
 
 def main(argv) -> None:
     del argv
+    # The translate.py processes timed beside this one take an accelerator's memory as a user's would.
+    os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
     host_memory.set_up()  # As translate.py runs.
     quiet_library_logs()
     workdir, dtypes, rounds, ct2_batch_size = _WORKDIR.value, _DTYPES.value, _ROUNDS.value, _CT2_BATCH_SIZE.value
@@ -242,10 +244,13 @@ def _write(rows, processes, profiles, lines, rounds, ct2_batch_size, ct2_devices
     ct2 = ""
     if references:
         threads = f"{os.cpu_count()} threads" if ct2_devices == ["cpu"] else "/".join(ct2_devices)
-        ct2 = f"; CTranslate2 in a process of its own ({threads}, {ct2_batch_size} sentences a batch)"
+        ct2 = (
+            f"; CTranslate2 in a process of its own ({threads}, {ct2_batch_size} sentences a batch). "
+            "Speed ratios: the other engine's seconds over this row's"
+        )
     table = [
         f"The whole test split ({len(lines):,} lines), each sentence with its own budget, median of {rounds} "
-        f"rounds after a first that compiles{ct2}. Speed ratios: the other engine's seconds over this row's.",
+        f"rounds after a first that compiles{ct2}.",
         "",
         "| engine | beam | first call s | s | output subwords/s |"
         + "".join(f" vs {e} |" for e in references)
