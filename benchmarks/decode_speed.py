@@ -109,9 +109,13 @@ def _profile(workdir: str, beam_size: int, alpha: float, lines: list[str], calls
 
 
 def _whole_process(command: list[str]) -> float:
+    """Seconds `command` ran, from the repository's root; a failure ends the benchmark with the command's errors."""
     start = time.perf_counter()
-    subprocess.run(command, check=True, capture_output=True, cwd=records.REPO_ROOT)
-    return time.perf_counter() - start
+    finished = subprocess.run(command, capture_output=True, text=True, cwd=records.REPO_ROOT)
+    seconds = time.perf_counter() - start
+    if finished.returncode:
+        sys.exit(f"error: {' '.join(command)} exited with {finished.returncode}:\n{finished.stderr[-3000:]}")
+    return seconds
 
 
 def _row(engine: str, beam_size: int, seconds: list[float], translations: list[str], references: list[str], sp) -> dict:
