@@ -13,6 +13,7 @@ from conftest import TINY_MODEL
 from models import Transformer, refill
 from models.decoding import beam_search, decode_length, generate
 from models.search import argmax_token
+from training.tasks import translation_eval
 
 BOS, EOS, PAD = 2, 3, 0
 _IDS = dict(bos_id=BOS, eos_id=EOS, pad_id=PAD)
@@ -122,3 +123,10 @@ def test_compiling_ahead_compiles_every_program_decoding_then_runs(shrinking):
     assert all(compiled.values()), compiled
     _refilled(decoder, params, batches, max_length)
     assert {name: getattr(decoder, name)._cache_size() for name in programs} == compiled
+
+
+def test_decoding_compiles_ahead_in_a_thread_in_one_process_on_cpus_only():
+    """A GPU's first run of a loop records a CUDA graph, which a second thread's runs broke on an H100."""
+    assert translation_eval.compiles_ahead_in_a_thread("cpu", process_count=1)
+    for platform, process_count in (("gpu", 1), ("tpu", 1), ("cpu", 2)):
+        assert not translation_eval.compiles_ahead_in_a_thread(platform, process_count)

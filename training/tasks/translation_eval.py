@@ -146,7 +146,9 @@ def _decoded(setup: EvalSetup, params, batches) -> Iterator[tuple[int, np.ndarra
         buckets = [list(bucket) for _, bucket in itertools.groupby(with_budgets(batches), key=lambda b: b[0].shape[1])]
         max_lengths = [decode_length(bucket[0][0].shape[1], setup.max_decode_length) for bucket in buckets]
         row_multiple = num_batch_shards(setup.mesh, setup.rules)
-        fillers = _fillers_to_compile(setup, buckets[1:], max_lengths[1:])
+        platform = setup.mesh.devices.flat[0].platform
+        compiles_ahead = compiles_ahead_in_a_thread(platform, jax.process_count())
+        fillers = _fillers_to_compile(setup, buckets[1:], max_lengths[1:]) if compiles_ahead else []
         with _compiling_ahead(setup.row_decoder, params, fillers, place, row_multiple):
             for bucket, max_length in zip(buckets, max_lengths):
                 yield from refill.decode_batches(
@@ -167,6 +169,18 @@ def _decoded(setup: EvalSetup, params, batches) -> Iterator[tuple[int, np.ndarra
         yield from zip(indices, decoded[: len(indices)])
 
 
+def compiles_ahead_in_a_thread(platform: str, process_count: int) -> bool:
+    """Whether decoding compiles the later buckets' programs in a thread (`_compiling_ahead`).
+
+    With one process on CPUs only. With several processes, every process must run its programs in
+    the same order. On a GPU, XLA records a loop's body as a CUDA graph the first time it runs, and
+    that capture in the thread made the decoding thread's copies fail
+    (CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED on an H100, docs/decoding.md); there the test split
+    decodes in a fraction of a second once compiled.
+    """
+    return platform == "cpu" and process_count == 1
+
+
 def _fillers_to_compile(setup: EvalSetup, buckets: list, max_lengths: list[int]) -> list:
     """`refill.compile_ahead`'s fillers for the buckets whose programs this setup has not compiled yet."""
     fillers = []
@@ -179,11 +193,8 @@ def _fillers_to_compile(setup: EvalSetup, buckets: list, max_lengths: list[int])
 
 @contextlib.contextmanager
 def _compiling_ahead(decoder: refill.RowDecoder, params, fillers: list, place, row_multiple: int):
-    """Compiles the later buckets' programs in a thread while the first ones decode (`refill.compile_ahead`).
-
-    With one process only: with several, every process must run its programs in the same order.
-    """
-    if not fillers or jax.process_count() > 1:
+    """Compiles the later buckets' programs in a thread while the first ones decode (`refill.compile_ahead`)."""
+    if not fillers:
         yield
         return
     stop = threading.Event()
