@@ -118,6 +118,8 @@ def _export_agreement(record: dict) -> str:
 
 
 def _decode_speed(figures: dict) -> str:
+    """Whole processes' seconds and decoding's output subwords/s, greedy / beam 4, of the engines the record has."""
+
     def greedy_and_beam(entries: list[dict], name_field: str, name: str, value_field: str, form: str) -> str:
         by_beam = {entry["beam_size"]: entry[value_field] for entry in entries if entry[name_field] == name}
         return f"{by_beam[1]:{form}} / {by_beam[4]:{form}}"
@@ -125,27 +127,32 @@ def _decode_speed(figures: dict) -> str:
     def seconds(command: str) -> str:
         return greedy_and_beam(figures["whole_processes"], "command", command, "seconds", ".1f") + " s"
 
+    commands = {process["command"] for process in figures["whole_processes"]}
     processes = "; ".join(
         f"{name} {seconds(command)}" + (f" (cached: {seconds(command + ', cached')})" if "translate" in command else "")
         for name, command in (
             ("`translate.py` float32, compiling", "translate.py, float32"),
-            ("'auto'", "translate.py, auto"),
-            ("CTranslate2 float32", "CTranslate2 script, float32"),
-            ("int8", "CTranslate2 script, int8"),
+            ("`translate.py` 'auto', compiling", "translate.py, auto"),
+            ("CTranslate2 float32", "CTranslate2, float32"),
+            ("int8", "CTranslate2, int8"),
         )
+        if command in commands
     )
+    engines = {row["engine"] for row in figures["rows"]}
     in_process = "; ".join(
         f"{name} {greedy_and_beam(figures['rows'], 'engine', engine, 'output_subwords_per_second', ',.0f')}"
         for name, engine in (
             ("ours float32", "this project, float32"),
+            ("ours 'auto'", "this project, auto"),
             ("CTranslate2 float32", "CTranslate2, float32"),
             ("int8", "CTranslate2, int8"),
         )
+        if engine in engines
     )
     return (
         f"the whole test split ({figures['lines']:,} lines), greedy / beam 4, as whole processes (start, load, "
         f"compile, decode, write; cached: the programs read from the compilation cache a first run wrote): "
-        f"{processes}. Decoding alone, output subwords/s, the engines alternating in one process: {in_process}"
+        f"{processes}. Decoding alone, output subwords/s, compiled (CTranslate2 in a process of its own): {in_process}"
     )
 
 
