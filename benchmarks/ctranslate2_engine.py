@@ -2,11 +2,12 @@ r"""CTranslate2 translating a file in a process of its own, as its users run it:
 
   python -m benchmarks.ctranslate2_engine EXPORT SOURCE TARGET --beam_size=4 --length_penalty=0.6
 
-One Translator a process, importing no JAX: a second Translator in a process slows the first
-about twofold, even once deleted (CTranslate2 4.8.5, 2 cores: greedy over the quick-start's
-test split 6 s alone, 11 s after another was made), and other libraries' thread pools share the
-cores. `translate` runs this module for a benchmark; run as above, it is the whole process a
-user of CTranslate2 writes (load the export, translate the file, write the translations).
+One Translator a process, importing no JAX: a second Translator in a process slowed the first,
+even once deleted (docs/decoding.md#speed), and other libraries' thread pools share the cores.
+`translate` runs this module for a benchmark, timing the translation calls alone (tokenizing and
+detokenizing outside, where this project's timed calls include them); run as above, it is the
+whole process a user of CTranslate2 writes (load the export, translate the file, write the
+translations).
 """
 
 import argparse
@@ -58,7 +59,7 @@ def translate(
         command += [f"--max_source_length={max_source_length}", f"--budgets={paths['budgets']}"]
         command += [f"--rounds={rounds}", f"--timings={paths['timings']}", "--pieces"]
         subprocess.run(command, check=True, cwd=_REPO_ROOT)
-        with open(paths["target"], encoding="utf-8") as f:
+        with open(paths["target"], encoding="utf-8", newline="\n") as f:
             hypotheses = [line.split() for line in f.read().split("\n")[:-1]]
         with open(paths["timings"], encoding="utf-8") as f:
             timings = json.load(f)
@@ -73,13 +74,15 @@ def _translate_file(arguments: argparse.Namespace) -> None:
     threads = {"intra_threads": os.cpu_count()} if device == "cpu" else {}
     sp = sentencepiece.SentencePieceProcessor(model_file=os.path.join(arguments.export, "sentencepiece.model"))
     translator = ctranslate2.Translator(arguments.export, device=device, **threads)
-    with open(arguments.source, encoding="utf-8") as f:
+    with open(arguments.source, encoding="utf-8", newline="\n") as f:  # A stray \r stays in its line.
         lines = f.read().split("\n")[:-1]
     cut = arguments.max_source_length - 1 if arguments.max_source_length else None
     pieces = [sp.encode(line.strip(), out_type=str)[:cut] for line in lines]
     if arguments.budgets:
         with open(arguments.budgets, encoding="utf-8") as f:
             budgets = [int(line) for line in f]
+        if len(budgets) != len(lines):
+            sys.exit(f"error: {arguments.budgets} has {len(budgets)} budgets for {len(lines)} lines")
     else:
         budgets = [arguments.max_decoding_length] * len(lines)
     groups = {}

@@ -1,4 +1,4 @@
-r"""Decoding a whole test split: this project beside CTranslate2, in one process and as whole processes.
+r"""Decoding a whole test split: this project beside CTranslate2 (each in a process of its own), and as whole processes.
 
   python -m benchmarks.decode_speed --workdir=runs/quickstart    # needs the export extra
   python -m benchmarks.decode_speed --workdir=runs/quickstart --profile_calls=2

@@ -225,3 +225,20 @@ def test_the_pins_are_read_as_pip_reads_them(version):
     for name, specifier in specifiers.items():
         pip_allows = specifier.contains(version, prereleases=True)
         assert (not records.outside_pins({name: version}, pins)) == pip_allows, (name, version, str(specifier))
+
+
+def test_the_decoding_row_shows_the_engines_searches_and_processes_its_record_has():
+    """A record of this project alone, greedy alone, no whole processes: no CTranslate2, beam 4 or process figures."""
+    row = {"engine": "this project, auto", "beam_size": 1, "output_subwords_per_second": 1234.4}
+    cell = results_table._decode_speed({"rows": [row], "whole_processes": [], "lines": 40})
+    assert (
+        cell
+        == "the whole test split (40 lines), greedy. Decoding alone, output subwords/s, compiled: ours 'auto' 1,234"
+    )
+    ct2 = {"engine": "CTranslate2, float32", "beam_size": 4, "output_subwords_per_second": 99.0}
+    process = {"command": "CTranslate2, float32", "beam_size": 4, "seconds": 2.0}
+    cell = results_table._decode_speed({"rows": [row, ct2], "whole_processes": [process], "lines": 40})
+    assert "greedy / beam 4, as whole processes" in cell and "CTranslate2 float32 - / 2.0 s" in cell
+    assert cell.endswith(
+        "compiled (CTranslate2 in a process of its own): ours 'auto' 1,234 / -; CTranslate2 float32 - / 99"
+    )

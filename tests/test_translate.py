@@ -9,6 +9,11 @@ import sys
 import pytest
 from conftest import REPO_ROOT, WITHOUT_TENSORFLOW, run_entry_point
 
+from common.special_ids import EOS_ID
+from input_pipeline.batching import RaggedIds
+from training import inference
+from training.tasks import translation, translation_eval
+
 pytestmark = pytest.mark.slow
 
 
@@ -172,19 +177,19 @@ def test_decode_speed_times_every_engine_on_every_line_and_profiles_the_search(t
     """benchmarks/decode_speed.py at a tiny size: both engines translate the split, and the profile sees the loop."""
     pytest.importorskip("ctranslate2")
     output = str(tmp_path / "decode_speed")
-    result = run_entry_point(
+    command = [
         "-m",
         "benchmarks.decode_speed",
         f"--workdir={trained_workdir}",
         f"--sources={small_corpus}/test.en",
         f"--references={small_corpus}/test.de",
-        "--beam_sizes=1,2",
         "--dtypes=float32",
         "--rounds=1",
         "--nowhole_processes",
-        "--profile_calls=1",
+        "--beam_sizes=1,2",
         f"--output={output}",
-    )
+    ]
+    result = run_entry_point(*command, "--profile_calls=1")
     assert result.returncode == 0, result.stderr[-3000:]
     with open(output + ".json", encoding="utf-8") as f:
         figures = json.load(f)["figures"]
@@ -195,3 +200,35 @@ def test_decode_speed_times_every_engine_on_every_line_and_profiles_the_search(t
     for profile in figures["profiles"].values():
         shares = [bucket["share"] for bucket in profile["buckets"].values()]
         assert abs(sum(shares) - 1) < 1e-6 and profile["buckets"]["matmuls: vocabulary projection"]["share"] > 0
+
+    # Without the export extra's engine (an accelerator's image): this project's rows alone.
+    result = run_entry_point(*command[:-2], "--beam_sizes=1", "--noctranslate2", f"--output={output}_alone")
+    assert result.returncode == 0, result.stderr[-3000:]
+    with open(output + "_alone.json", encoding="utf-8") as f:
+        record = json.load(f)
+    assert [row["engine"] for row in record["figures"]["rows"]] == ["this project, float32"]
+    assert record["ctranslate2_devices"] == [] and "vs CTranslate2" not in (
+        tmp_path / "decode_speed_alone.md"
+    ).read_text(encoding="utf-8")
+
+
+@pytest.mark.parametrize("compiles_ahead", [True, False])
+def test_decoding_compiles_the_later_buckets_ahead_only_where_the_rule_allows(
+    trained_workdir, monkeypatch, compiles_ahead
+):
+    """translation_eval asks `compiles_ahead_in_a_thread` with the mesh's platform and starts the thread only on yes."""
+    asked, compiled = [], []
+    monkeypatch.setattr(
+        translation_eval, "compiles_ahead_in_a_thread", lambda *args: asked.append(args) or compiles_ahead
+    )
+    monkeypatch.setattr(
+        translation_eval.refill, "compile_ahead", lambda decoder, params, fillers, **_: compiled.append(fillers)
+    )
+    config = inference.load_config(trained_workdir)
+    trained = inference.load_trained_model(config, trained_workdir)
+    setup = translation.eval_setup(config, trained.model, trained.tokenizer, trained.mesh)
+    short, long = [5, 6, EOS_ID], [5, 6] * (config.dataset.bucket_boundaries[0] // 2 + 1) + [EOS_ID]
+    translation_eval.translate_ids(setup, trained.params, RaggedIds.from_lists([short, long, short]))
+    assert asked == [("cpu", 1)]
+    assert len(compiled) == compiles_ahead  # The second bucket's programs, or nothing.
+    assert [len(fillers) for fillers in compiled] == [1] * compiles_ahead
