@@ -98,17 +98,20 @@ class EngineOutput:
         return dataclasses.replace(self, ids=[ids[:budget] for ids, budget in zip(self.ids, budgets)])
 
 
-def _budget_groups(budgets: list[int], decoding: Decoding, max_length: int) -> dict[int, list[int]]:
-    """Line indices by the budget an engine decodes them at (greedy: all at max_length; see above)."""
-    if decoding.beam_size == 1:
-        return {max_length: list(range(len(budgets)))}
+def _call_budgets(budgets: list[int], decoding: Decoding, max_length: int) -> list[int]:
+    """Each line's budget in an engine's call: greedy all at max_length (see above), beam search each its own."""
+    return [max_length] * len(budgets) if decoding.beam_size == 1 else budgets
+
+
+def _budget_groups(call_budgets: list[int]) -> dict[int, list[int]]:
+    """Line indices by their budget in an engine's call."""
     groups = {}
-    for i, budget in enumerate(budgets):
+    for i, budget in enumerate(call_budgets):
         groups.setdefault(budget, []).append(i)
     return groups
 
 
-def _huggingface(folder: str, lines: list[str], decoding: Decoding, max_source: int, groups) -> EngineOutput:
+def _huggingface(folder: str, lines: list[str], decoding: Decoding, max_source: int, call_budgets) -> EngineOutput:
     tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
     model = transformers.AutoModelForSeq2SeqLM.from_pretrained(folder).eval()
     options = {"num_beams": decoding.beam_size}
@@ -117,7 +120,7 @@ def _huggingface(folder: str, lines: list[str], decoding: Decoding, max_source: 
     translations = [[] for _ in lines]
     start = time.perf_counter()
     with torch.inference_mode():
-        for budget, indices in groups.items():
+        for budget, indices in _budget_groups(call_budgets).items():
             for batch in _by_length(indices, lines, tokenizer.tokenize):
                 inputs = tokenizer(
                     [lines[i] for i in batch], return_tensors="pt", padding=True, truncation=True, max_length=max_source
@@ -130,17 +133,13 @@ def _huggingface(folder: str, lines: list[str], decoding: Decoding, max_source: 
     return EngineOutput(translations, lambda ids: tokenizer.decode(ids, skip_special_tokens=True), seconds)
 
 
-def _ctranslate2(folder: str, lines: list[str], decoding: Decoding, max_source: int, groups) -> EngineOutput:
+def _ctranslate2(folder: str, lines: list[str], decoding: Decoding, max_source: int, call_budgets) -> EngineOutput:
     """CTranslate2 in a process of its own (benchmarks/ctranslate2_engine.py says why)."""
-    budgets = [0] * len(lines)
-    for budget, indices in groups.items():
-        for i in indices:
-            budgets[i] = budget
     sp = sentencepiece.SentencePieceProcessor(model_file=os.path.join(folder, "sentencepiece.model"))
     theirs = ctranslate2_engine.translate(
         folder,
         lines,
-        budgets,
+        call_budgets,
         beam_size=decoding.beam_size,
         length_penalty=decoding.alpha,
         max_source_length=max_source,
@@ -237,7 +236,7 @@ def main(argv):
         max_source, max_length = config.dataset.max_length, config.eval.max_decode_length
         budgets = _our_budgets(lines, sp, config)
         for decoding in (greedy, beam, beam_alpha_0):
-            groups = _budget_groups(budgets, decoding, max_length)
+            call_budgets = _call_budgets(budgets, decoding, max_length)
             reference, seconds = _ours(lines, "float32", decoding, passes=2)
             rows.append(_row("this project, float32", decoding, reference, seconds, reference, references, sp, budgets))
             if decoding is not beam_alpha_0:  # CTranslate2 scores beams with this project's formula.
@@ -249,10 +248,12 @@ def main(argv):
             if decoding is not beam_alpha_0:
                 for name in ("ctranslate2", "ctranslate2_int8"):
                     engine = f"CTranslate2, {'int8' if name.endswith('int8') else 'float32'}"
-                    engines[engine] = lambda name=name: _ctranslate2(folders[name], lines, decoding, max_source, groups)
+                    engines[engine] = lambda name=name: _ctranslate2(
+                        folders[name], lines, decoding, max_source, call_budgets
+                    )
             if decoding is not beam:  # Hugging Face's length penalty is this project's at alpha 0 only.
                 engines["Hugging Face, float32"] = lambda: _huggingface(
-                    folders["huggingface"], lines, decoding, max_source, groups
+                    folders["huggingface"], lines, decoding, max_source, call_budgets
                 )
             for engine, run in engines.items():
                 output = run()
