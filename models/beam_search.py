@@ -144,13 +144,16 @@ def insert_beam_rows(beams: Beams, take: Array, new: Beams) -> Beams:
     return beams._replace(**replaced, context=context)
 
 
-def beams_done(beams: Beams, alpha: float) -> Array:
-    """[batch] bool: rows whose best finished hypotheses no live one can still beat, at their budget, or skipped.
+def beams_done(beams: Beams, alpha: float, settled: int) -> Array:
+    """[batch] bool: rows whose `settled` best finished hypotheses are final, at their budget, or skipped.
 
-    A live hypothesis' log-probability can only fall, and its penalty rise to at most lp(budget).
+    They are final once no live hypothesis can still beat the worst of them: a live hypothesis'
+    log-probability can only fall, and its penalty rise to at most lp(budget). A search that
+    returns only the best hypothesis (settled 1) stops there, often long before the others are.
     """
     best_reachable = beams.live_log_probs[:, 0] / length_penalty(beams.budgets, alpha)  # Beams are sorted.
-    return beams.skip | (beams.finished_scores[:, -1] >= best_reachable) | (beams.positions >= beams.budgets)
+    worst_kept = beams.finished_scores[:, settled - 1]  # Sorted too.
+    return beams.skip | (worst_kept >= best_reachable) | (beams.positions >= beams.budgets)
 
 
 def run_beams(
@@ -161,13 +164,14 @@ def run_beams(
     eos_id: int,
     bos_id: int,
     pad_id: int,
+    settled: int,
     min_done: Array | int | None = None,
 ) -> Beams:
     """Runs beam search until every row is done (or at least min_done rows are); see `beam_search_loop`."""
     batch_size, k, length = beams.live_tokens.shape
 
     def step(beams: Beams) -> Beams:
-        done = beams_done(beams, alpha)
+        done = beams_done(beams, alpha, settled)
         position = beams.positions
         logits, state = next_token_logits(
             jnp.repeat(position, k), beams.live_tokens.reshape(batch_size * k, -1), beams.state, beams.context
@@ -206,7 +210,7 @@ def run_beams(
             state=_gather_beams(state, parent, batch_size),
         )
 
-    return run_until(step, beams, lambda beams: beams_done(beams, alpha), min_done)
+    return run_until(step, beams, lambda beams: beams_done(beams, alpha, settled), min_done)
 
 
 def beam_search_loop(
@@ -222,6 +226,7 @@ def beam_search_loop(
     pad_id: int,
     budgets: Array | None = None,
     context: Any = (),
+    settled: int | None = None,
 ) -> tuple[Array, Array]:
     """Beam search over `beam_size` hypotheses per row, keeping finished ones apart.
 
@@ -233,6 +238,7 @@ def beam_search_loop(
     done when it holds beam_size finished hypotheses and no live one can still
     beat the worst of them (its log-probability can only fall, its penalty rise
     to at most lp(budget)), or at its budget; its finished hypotheses no longer change.
+    A caller that reads only the best hypotheses asks for fewer to be settled.
 
     Args:
         next_token_logits: the model, over rows = batch * beam_size hypotheses
@@ -245,6 +251,8 @@ def beam_search_loop(
         alpha: the length penalty exponent (static).
         max_length, bos_id, eos_id, pad_id, budgets, context: as in `search_loop`
             ([batch] budgets, one per row of hypotheses).
+        settled: a row is done once its `settled` best finished hypotheses can no longer
+            change (default: all beam_size); the others are returned as they stand.
 
     Returns:
         tokens: [batch, beam_size, max_length] int32 finished hypotheses, best first.
@@ -253,7 +261,15 @@ def beam_search_loop(
     beams = beam_rows(
         state, context, skip, budgets, beam_size=beam_size, max_length=max_length, bos_id=bos_id, pad_id=pad_id
     )
-    beams = run_beams(next_token_logits, beams, alpha=alpha, eos_id=eos_id, bos_id=bos_id, pad_id=pad_id)
+    beams = run_beams(
+        next_token_logits,
+        beams,
+        alpha=alpha,
+        eos_id=eos_id,
+        bos_id=bos_id,
+        pad_id=pad_id,
+        settled=beam_size if settled is None else settled,
+    )
     return beam_results(beams, pad_id)
 
 

@@ -21,7 +21,7 @@ import numpy as np
 
 from models.beam_search import beam_search_loop
 from models.config import TransformerConfig
-from models.search import ChooseToken, NextTokenLogits, search_loop
+from models.search import ChooseToken, NextTokenLogits, grown, search_loop
 from models.transformer import DecoderCache, Transformer
 
 Array = jax.Array
@@ -100,6 +100,25 @@ def cached_next_token_logits(
         {'params': params}, context['inputs'], last, positions, cache, method=Transformer.decode_step
     )
     return logits, _split_cache(cache)[0]
+
+
+def widened_cached_decoding(
+    state: DecoderCache, context: dict, *, source_length: int, max_length: int, pad_id: int
+) -> tuple[DecoderCache, dict]:
+    """The state and context of `model_next_token_logits(use_cache=True)` in arrays for longer sources and outputs.
+
+    The decoding goes on as it would have (models/refill.py moves rows on to the next bucket's
+    shapes): the new source positions are padding, which cross-attention masks, and the new
+    self-attention slots lie past every row's position, which the causal mask hides.
+
+    Args:
+        state: the self-attention cache, entries [rows, heads, max_length', d].
+        context: {'inputs': [rows, src_len'] ids, 'cross': entries [rows, heads, src_len', d]}.
+        source_length, max_length: the new sizes, at least the old ones.
+    """
+    state = jax.tree.map(lambda entry: grown(entry, 2, max_length, 0), state)
+    cross = jax.tree.map(lambda entry: grown(entry, 2, source_length, 0), context['cross'])
+    return state, {'inputs': grown(context['inputs'], 1, source_length, pad_id), 'cross': cross}
 
 
 def is_filler(inputs: Array, pad_id: int) -> Array:
@@ -201,6 +220,7 @@ def beam_search(
         pad_id=pad_id,
         budgets=budgets,
         context=context,
+        settled=beam_size if return_all else 1,
     )
     return (tokens, scores) if return_all else tokens[:, 0]
 

@@ -69,6 +69,13 @@ def run_until(step: Callable, carry, done: Callable[[Any], Array], min_done: Arr
     return jax.lax.while_loop(go_on, step, carry)
 
 
+def grown(x: Array, axis: int, size: int, value) -> Array:
+    """x with its axis `axis` grown to `size` entries, the new ones (at its end) equal to `value`."""
+    widths = [(0, 0)] * x.ndim
+    widths[axis] = (0, size - x.shape[axis])
+    return jnp.pad(x, widths, constant_values=value)
+
+
 def first_tokens(shape: tuple[int, ...], bos_id: int, pad_id: int) -> Array:
     """Tokens of hypotheses that have generated nothing: <bos>, then padding. [*shape] int32."""
     return jnp.full(shape, pad_id, jnp.int32).at[..., 0].set(bos_id)

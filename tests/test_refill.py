@@ -11,44 +11,51 @@ import pytest
 from conftest import TINY_MODEL
 
 from models import Transformer, refill
+from models.beam_search import beams_done
 from models.decoding import beam_search, decode_length, generate
 from models.search import argmax_token
 from training.tasks import translation_eval
 
 BOS, EOS, PAD = 2, 3, 0
 _IDS = dict(bos_id=BOS, eos_id=EOS, pad_id=PAD)
-ROWS, SOURCE_LENGTH = 4, 6
+# Two buckets of source lengths (with <eos>): the second's batches have fewer rows, as batches of
+# about the same number of tokens do, and longer outputs.
+BUCKETS = ((8, 4, 5), (16, 2, 10))  # (source length, rows, shortest source) of each.
+MAX_DECODE_LENGTH = 32
 
 
-def _model_and_batches(num_sentences: int = 10):
-    config = dataclasses.replace(TINY_MODEL, vocab_size=12, max_len=32, norm_placement="pre")
+def _model_and_batches(sentences_per_bucket: int = 9) -> tuple[Transformer, dict, list[refill.SourceBatch]]:
+    config = dataclasses.replace(TINY_MODEL, vocab_size=12, max_len=64, norm_placement="pre")
     model = Transformer(config)
     rng = np.random.default_rng(0)
-    lengths = rng.integers(2, SOURCE_LENGTH + 1, num_sentences)  # With <eos>.
-    sources = np.zeros((num_sentences, SOURCE_LENGTH), np.int32)
-    for i, length in enumerate(lengths):
-        sources[i, : length - 1] = rng.integers(4, config.vocab_size, length - 1)
-        sources[i, length - 1] = EOS
+    batches, sentence = [], 0
+    for source_length, rows, shortest in BUCKETS:
+        sources = np.zeros((sentences_per_bucket, source_length), np.int32)
+        for source, length in zip(sources, rng.integers(shortest, source_length + 1, sentences_per_bucket)):
+            source[: length - 1] = rng.integers(4, config.vocab_size, length - 1)
+            source[length - 1] = EOS
+        max_length = decode_length(source_length, MAX_DECODE_LENGTH)
+        for start in range(0, sentences_per_bucket, rows):
+            ids = np.arange(start, min(start + rows, sentences_per_bucket))
+            inputs = np.zeros((rows, source_length), np.int32)  # The last batch has filler rows.
+            inputs[: len(ids)] = sources[ids]
+            budgets = decode_length(np.sum(inputs != PAD, axis=1), MAX_DECODE_LENGTH)
+            batches.append(refill.SourceBatch(inputs, budgets, sentence + ids, max_length))
+        sentence += sentences_per_bucket
     params = nn.unbox(model.init(jax.random.PRNGKey(1), sources[:2], sources[:2], deterministic=True)["params"])
     # Larger weights: outputs that depend on the source, and <eos> now early, now never (budgets matter).
     params = jax.tree.map(lambda x: 4.0 * x, params)
-    batches = []
-    for start in range(0, num_sentences, ROWS):
-        ids = np.arange(start, min(start + ROWS, num_sentences))
-        inputs = np.zeros((ROWS, SOURCE_LENGTH), np.int32)  # The last batch has filler rows.
-        inputs[: len(ids)] = sources[ids]
-        batches.append((inputs, decode_length(np.sum(inputs != PAD, axis=1), 20), ids))
     return model, params, batches
 
 
-def _whole_batches(model, params, batches, max_length, beam_size):
+def _whole_batches(model, params, batches, beam_size):
     if beam_size == 1:
         search = functools.partial(generate, model=model, choose_token=argmax_token, **_IDS)
     else:
         search = functools.partial(beam_search, model=model, beam_size=beam_size, alpha=0.6, **_IDS)
     decode = jax.jit(search, static_argnames=("max_length",))
     outputs = {}
-    for inputs, budgets, ids in batches:
+    for inputs, budgets, ids, max_length in batches:
         decoded = np.asarray(decode(params, inputs, max_length=max_length, budgets=budgets))
         outputs.update(zip(ids.tolist(), decoded))
     return outputs
@@ -64,16 +71,16 @@ def _place(inputs, budgets):
     return jnp.asarray(inputs), jnp.asarray(budgets)
 
 
-def _refilled(decoder, params, batches, max_length):
-    return dict(
-        refill.decode_batches(decoder, params, iter(batches), max_length=max_length, place=_place, fetch=np.asarray)
-    )
+def _refilled(decoder, params, batches):
+    return dict(refill.decode_batches(decoder, params, iter(batches), place=_place, fetch=np.asarray))
 
 
 def _assert_same_outputs(found, expected):
     assert sorted(found) == sorted(expected)  # Every sentence once.
     for sentence, output in expected.items():
-        np.testing.assert_array_equal(found[sentence], output, err_msg=f"sentence {sentence}")
+        # A sentence that started in a shorter bucket's rows has padding up to a later bucket's length.
+        np.testing.assert_array_equal(found[sentence][: len(output)], output, err_msg=f"sentence {sentence}")
+        assert np.all(found[sentence][len(output) :] == PAD)
 
 
 @pytest.mark.parametrize("beam_size", [1, 3])
@@ -82,46 +89,74 @@ def test_refilled_rows_translate_as_whole_batches(beam_size, refill_share, monke
     """At any refill point (a row at a time, half the rows, only when all are done), the same outputs."""
     monkeypatch.setattr(refill, "REFILL_SHARE", refill_share)
     model, params, batches = _model_and_batches()
-    max_length = decode_length(SOURCE_LENGTH, 20)
-    expected = _whole_batches(model, params, batches, max_length, beam_size)
-    _assert_same_outputs(_refilled(_decoder(model, beam_size), params, batches, max_length), expected)
+    expected = _whole_batches(model, params, batches, beam_size)
+    _assert_same_outputs(_refilled(_decoder(model, beam_size), params, batches), expected)
     lengths = [np.count_nonzero(output != PAD) for output in expected.values()]
     assert len(set(lengths)) > 2, lengths  # Sentences end at different steps: rows are refilled at different times.
 
 
+@pytest.mark.parametrize("beam_size", [1, 3])
+def test_a_buckets_last_sentences_move_on_to_the_next_buckets_rows_and_translate_as_whole_batches(beam_size):
+    """The rows move on to the second bucket's shapes and fewer rows once as many are live, sentences and all."""
+    model, params, batches = _model_and_batches()
+    decoder = _decoder(model, beam_size)
+    moved = []  # (rows, source length, max_length, live rows) at each move.
+
+    def widen(search, *, source_length, max_length):
+        live = ~(search.finished if beam_size == 1 else beams_done(search, 0.6, settled=1))
+        moved.append((search.budgets.shape[0], source_length, max_length, int(np.sum(live))))
+        return decoder.widen(search, source_length=source_length, max_length=max_length)
+
+    found = _refilled(dataclasses.replace(decoder, widen=widen), params, batches)
+    _assert_same_outputs(found, _whole_batches(model, params, batches, beam_size))
+    (second_bucket_length, second_bucket_rows, _) = BUCKETS[1]
+    assert len(moved) == 1, moved
+    rows, source_length, max_length, live = moved[0]
+    assert (rows, source_length, max_length) == (
+        second_bucket_rows,
+        second_bucket_length,
+        decode_length(second_bucket_length, MAX_DECODE_LENGTH),
+    )
+    assert live >= 1  # A first bucket's sentence goes on in the second bucket's rows.
+
+
 @pytest.fixture(params=[1, 3], ids=["greedy", "beam3"])
 def shrinking(request, monkeypatch):
-    """(beam size, model, params, batches, max_length, decoder), rows halved down to one once no sentence waits."""
+    """(beam size, model, params, batches, decoder), rows halved down to one once no sentence waits."""
     monkeypatch.setattr(refill, "SHRINK", 2)
     monkeypatch.setattr(refill, "MIN_ROWS", 1)
     model, params, batches = _model_and_batches()
-    return request.param, model, params, batches, decode_length(SOURCE_LENGTH, 20), _decoder(model, request.param)
+    return request.param, model, params, batches, _decoder(model, request.param)
 
 
 def test_the_last_sentences_move_to_fewer_rows_and_translate_as_whole_batches(shrinking):
-    """Without sentences left to start, the live rows move to a half, then a quarter of the rows: the same outputs."""
-    beam_size, model, params, batches, max_length, decoder = shrinking
-    expected = _whole_batches(model, params, batches, max_length, beam_size)
+    """Rows cut to the second bucket's, then, without sentences left to start, to a half: the same outputs."""
+    beam_size, model, params, batches, decoder = shrinking
+    expected = _whole_batches(model, params, batches, beam_size)
     row_counts = []
 
     def take(search, source):
         row_counts.append(len(source))
         return decoder.take(search, source)
 
-    found = _refilled(dataclasses.replace(decoder, take=take), params, batches, max_length)
+    found = _refilled(dataclasses.replace(decoder, take=take), params, batches)
     _assert_same_outputs(found, expected)
-    assert row_counts == [ROWS // 2, ROWS // 4], row_counts
+    second_rows = BUCKETS[1][1]
+    assert row_counts == [second_rows, second_rows // 2], row_counts
 
 
 def test_compiling_ahead_compiles_every_program_decoding_then_runs(shrinking):
-    """After `compile_ahead` on filler rows of the batches' shape, decoding them (rows shrinking) compiles nothing."""
-    _, _, params, batches, max_length, decoder = shrinking
-    inputs, budgets, _ = batches[0]
-    refill.compile_ahead(decoder, params, [(np.full_like(inputs, PAD), budgets, max_length)], place=_place)
-    programs = ("start", "insert", "run", "take")
+    """With the first bucket's programs compiled, and `compile_ahead` on fillers of both, decoding compiles nothing."""
+    _, _, params, batches, decoder = shrinking
+    first_bucket = [batch for batch in batches if batch.inputs.shape[1] == BUCKETS[0][0]]
+    _refilled(decoder, params, first_bucket)  # Compiles the first bucket's programs, as decoding begins.
+    fillers = [first_bucket[0], batches[len(first_bucket)]]
+    fillers = [batch._replace(inputs=np.full_like(batch.inputs, PAD), ids=batch.ids[:0]) for batch in fillers]
+    refill.compile_ahead(decoder, params, fillers, place=_place)
+    programs = ("start", "insert", "run", "take", "widen")
     compiled = {name: getattr(decoder, name)._cache_size() for name in programs}
-    assert all(compiled.values()), compiled
-    _refilled(decoder, params, batches, max_length)
+    assert compiled["widen"] == 1, compiled
+    _refilled(decoder, params, batches)
     assert {name: getattr(decoder, name)._cache_size() for name in programs} == compiled
 
 

@@ -231,4 +231,4 @@ def test_decoding_compiles_the_later_buckets_ahead_only_where_the_rule_allows(
     translation_eval.translate_ids(setup, trained.params, RaggedIds.from_lists([short, long, short]))
     assert asked == [("cpu", 1)]
     assert len(compiled) == compiles_ahead  # The second bucket's programs, or nothing.
-    assert [len(fillers) for fillers in compiled] == [1] * compiles_ahead
+    assert [len(fillers) for fillers in compiled] == [2] * compiles_ahead  # A filler batch of each bucket.

@@ -84,7 +84,7 @@ class EvalSetup:
     decoding: str = "greedy"  # As `describe_decoding` puts it.
     row_decoder: refill.RowDecoder | None = None  # Greedy and beam search refill rows; None: batch by batch.
     seed: int = 0  # Sampling's randomness: batch i uses fold_in(PRNGKey(seed), i).
-    # (rows, source length) of the buckets whose programs were compiled ahead (`_compiling_ahead`).
+    # The input shapes of each sequence of buckets whose programs were compiled ahead (`_compiling_ahead`).
     compiled_ahead: set = dataclasses.field(default_factory=set, compare=False)
 
     def batches(self, pairs: batching.ParallelIds):
@@ -110,7 +110,7 @@ def loss_metrics(setup: EvalSetup, params, pairs: batching.ParallelIds) -> dict[
 
 
 def translate_ids(setup: EvalSetup, params, sources: batching.RaggedIds) -> list[list[int]]:
-    """Output ids of every source, in their order, each cut before its first <eos>.
+    """Output ids of every source, in their order, each cut before its first <eos> (or padding).
 
     Sources are batched by their own length, shortest first; those longer than the last bucket
     are cut to it, keeping their <eos> (callers warn). Each output has the budget of its own
@@ -122,8 +122,9 @@ def translate_ids(setup: EvalSetup, params, sources: batching.RaggedIds) -> list
     rows = functools.partial(process_rows, mesh=setup.mesh, rules=setup.rules)
     batches = batching.source_batches(sources.select(nonempty), setup.boundaries, setup.batch_sizes, rows)
     for index, ids in _decoded(setup, params, batches):
-        ids = ids.tolist()
-        outputs[nonempty[index]] = ids[: ids.index(EOS_ID)] if EOS_ID in ids else ids
+        # Padding follows <eos>, or the last token of an output that its budget ended.
+        ends = np.flatnonzero((ids == EOS_ID) | (ids == PAD_ID))
+        outputs[nonempty[index]] = (ids[: ends[0]] if len(ends) else ids).tolist()
     return outputs
 
 
@@ -142,24 +143,18 @@ def _decoded(setup: EvalSetup, params, batches) -> Iterator[tuple[int, np.ndarra
         return np.asarray(multihost_utils.process_allgather(array, tiled=True))
 
     if setup.row_decoder is not None:
-        # One set of rows a bucket: its batches share their shapes.
-        buckets = [list(bucket) for _, bucket in itertools.groupby(with_budgets(batches), key=lambda b: b[0].shape[1])]
-        max_lengths = [decode_length(bucket[0][0].shape[1], setup.max_decode_length) for bucket in buckets]
+        source_batches = [
+            refill.SourceBatch(inputs, budgets, ids, decode_length(inputs.shape[1], setup.max_decode_length))
+            for inputs, budgets, ids in with_budgets(batches)
+        ]
         row_multiple = num_batch_shards(setup.mesh, setup.rules)
         platform = setup.mesh.devices.flat[0].platform
         compiles_ahead = compiles_ahead_in_a_thread(platform, jax.process_count())
-        fillers = _fillers_to_compile(setup, buckets[1:], max_lengths[1:]) if compiles_ahead else []
+        fillers = _fillers_to_compile(setup, source_batches) if compiles_ahead else []
         with _compiling_ahead(setup.row_decoder, params, fillers, place, row_multiple):
-            for bucket, max_length in zip(buckets, max_lengths):
-                yield from refill.decode_batches(
-                    setup.row_decoder,
-                    params,
-                    bucket,
-                    max_length=max_length,  # The longest source's budget.
-                    place=place,
-                    fetch=fetch,
-                    row_multiple=row_multiple,
-                )
+            yield from refill.decode_batches(
+                setup.row_decoder, params, source_batches, place=place, fetch=fetch, row_multiple=row_multiple
+            )
         return
     base_rng = jax.random.PRNGKey(setup.seed)
     for batch_index, (inputs, budgets, indices) in enumerate(with_budgets(batches)):
@@ -181,19 +176,20 @@ def compiles_ahead_in_a_thread(platform: str, process_count: int) -> bool:
     return platform == "cpu" and process_count == 1
 
 
-def _fillers_to_compile(setup: EvalSetup, buckets: list, max_lengths: list[int]) -> list:
-    """`refill.compile_ahead`'s fillers for the buckets whose programs this setup has not compiled yet."""
-    fillers = []
-    for ((inputs, budgets, _), *_), max_length in zip(buckets, max_lengths):
-        if inputs.shape not in setup.compiled_ahead:
-            setup.compiled_ahead.add(inputs.shape)
-            fillers.append((np.full_like(inputs, PAD_ID), budgets, max_length))
-    return fillers
+def _fillers_to_compile(setup: EvalSetup, batches: list[refill.SourceBatch]) -> list[refill.SourceBatch]:
+    """`refill.compile_ahead`'s fillers (a batch of each bucket), where the batches span several buckets of shapes
+    this setup has not compiled yet; otherwise none."""
+    firsts = [next(bucket) for _, bucket in itertools.groupby(batches, key=lambda batch: batch.inputs.shape)]
+    shapes = tuple(batch.inputs.shape for batch in firsts)
+    if len(firsts) < 2 or shapes in setup.compiled_ahead:
+        return []
+    setup.compiled_ahead.add(shapes)
+    return [batch._replace(inputs=np.full_like(batch.inputs, PAD_ID), ids=batch.ids[:0]) for batch in firsts]
 
 
 @contextlib.contextmanager
 def _compiling_ahead(decoder: refill.RowDecoder, params, fillers: list, place, row_multiple: int):
-    """Compiles the later buckets' programs in a thread while the first ones decode (`refill.compile_ahead`)."""
+    """Compiles the later buckets' programs in a thread while the first one decodes (`refill.compile_ahead`)."""
     if not fillers:
         yield
         return
