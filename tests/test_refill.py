@@ -83,23 +83,37 @@ def _assert_same_outputs(found, expected):
         assert np.all(found[sentence][len(output) :] == PAD)
 
 
-@pytest.mark.parametrize("beam_size", [1, 3])
+BEAM_SIZES = (1, 3)
+
+
+@pytest.fixture(scope="module")
+def setting():
+    """(model, params, batches, {beam size: whole-batch outputs}, {beam size: decoder}), shared by the tests.
+
+    The refill constants the tests change act in Python, between the compiled programs.
+    """
+    model, params, batches = _model_and_batches()
+    expected = {beam_size: _whole_batches(model, params, batches, beam_size) for beam_size in BEAM_SIZES}
+    decoders = {beam_size: _decoder(model, beam_size) for beam_size in BEAM_SIZES}
+    return model, params, batches, expected, decoders
+
+
+@pytest.mark.parametrize("beam_size", BEAM_SIZES)
 @pytest.mark.parametrize("refill_share", [0.01, 0.5, 1.0])
-def test_refilled_rows_translate_as_whole_batches(beam_size, refill_share, monkeypatch):
+def test_refilled_rows_translate_as_whole_batches(setting, beam_size, refill_share, monkeypatch):
     """At any refill point (a row at a time, half the rows, only when all are done), the same outputs."""
     monkeypatch.setattr(refill, "REFILL_SHARE", refill_share)
-    model, params, batches = _model_and_batches()
-    expected = _whole_batches(model, params, batches, beam_size)
-    _assert_same_outputs(_refilled(_decoder(model, beam_size), params, batches), expected)
-    lengths = [np.count_nonzero(output != PAD) for output in expected.values()]
+    _, params, batches, expected, decoders = setting
+    _assert_same_outputs(_refilled(decoders[beam_size], params, batches), expected[beam_size])
+    lengths = [np.count_nonzero(output != PAD) for output in expected[beam_size].values()]
     assert len(set(lengths)) > 2, lengths  # Sentences end at different steps: rows are refilled at different times.
 
 
-@pytest.mark.parametrize("beam_size", [1, 3])
-def test_a_buckets_last_sentences_move_on_to_the_next_buckets_rows_and_translate_as_whole_batches(beam_size):
+@pytest.mark.parametrize("beam_size", BEAM_SIZES)
+def test_a_buckets_last_sentences_move_on_to_the_next_buckets_rows_and_translate_as_whole_batches(setting, beam_size):
     """The rows move on to the second bucket's shapes and fewer rows once as many are live, sentences and all."""
-    model, params, batches = _model_and_batches()
-    decoder = _decoder(model, beam_size)
+    _, params, batches, expected, decoders = setting
+    decoder = decoders[beam_size]
     moved = []  # (rows, source length, max_length, live rows) at each move.
 
     def widen(search, *, source_length, max_length):
@@ -108,7 +122,7 @@ def test_a_buckets_last_sentences_move_on_to_the_next_buckets_rows_and_translate
         return decoder.widen(search, source_length=source_length, max_length=max_length)
 
     found = _refilled(dataclasses.replace(decoder, widen=widen), params, batches)
-    _assert_same_outputs(found, _whole_batches(model, params, batches, beam_size))
+    _assert_same_outputs(found, expected[beam_size])
     (second_bucket_length, second_bucket_rows, _) = BUCKETS[1]
     assert len(moved) == 1, moved
     rows, source_length, max_length, live = moved[0]
@@ -120,34 +134,31 @@ def test_a_buckets_last_sentences_move_on_to_the_next_buckets_rows_and_translate
     assert live >= 1  # A first bucket's sentence goes on in the second bucket's rows.
 
 
-@pytest.fixture(params=[1, 3], ids=["greedy", "beam3"])
-def shrinking(request, monkeypatch):
-    """(beam size, model, params, batches, decoder), rows halved down to one once no sentence waits."""
+@pytest.mark.parametrize("beam_size", BEAM_SIZES)
+def test_the_last_sentences_move_to_fewer_rows_and_translate_as_whole_batches(setting, beam_size, monkeypatch):
+    """Rows cut to the second bucket's, then, without sentences left to start, to a half: the same outputs."""
     monkeypatch.setattr(refill, "SHRINK", 2)
     monkeypatch.setattr(refill, "MIN_ROWS", 1)
-    model, params, batches = _model_and_batches()
-    return request.param, model, params, batches, _decoder(model, request.param)
-
-
-def test_the_last_sentences_move_to_fewer_rows_and_translate_as_whole_batches(shrinking):
-    """Rows cut to the second bucket's, then, without sentences left to start, to a half: the same outputs."""
-    beam_size, model, params, batches, decoder = shrinking
-    expected = _whole_batches(model, params, batches, beam_size)
+    _, params, batches, expected, decoders = setting
     row_counts = []
 
     def take(search, source):
         row_counts.append(len(source))
-        return decoder.take(search, source)
+        return decoders[beam_size].take(search, source)
 
-    found = _refilled(dataclasses.replace(decoder, take=take), params, batches)
-    _assert_same_outputs(found, expected)
+    found = _refilled(dataclasses.replace(decoders[beam_size], take=take), params, batches)
+    _assert_same_outputs(found, expected[beam_size])
     second_rows = BUCKETS[1][1]
     assert row_counts == [second_rows, second_rows // 2], row_counts
 
 
-def test_compiling_ahead_compiles_every_program_decoding_then_runs(shrinking):
+@pytest.mark.parametrize("beam_size", BEAM_SIZES)
+def test_compiling_ahead_compiles_every_program_decoding_then_runs(setting, beam_size, monkeypatch):
     """With the first bucket's programs compiled, and `compile_ahead` on fillers of both, decoding compiles nothing."""
-    _, _, params, batches, decoder = shrinking
+    monkeypatch.setattr(refill, "SHRINK", 2)
+    monkeypatch.setattr(refill, "MIN_ROWS", 1)
+    model, params, batches, _, _ = setting
+    decoder = _decoder(model, beam_size)  # Its own: the test counts its compiled programs.
     first_bucket = [batch for batch in batches if batch.inputs.shape[1] == BUCKETS[0][0]]
     _refilled(decoder, params, first_bucket)  # Compiles the first bucket's programs, as decoding begins.
     fillers = [first_bucket[0], batches[len(first_bucket)]]
