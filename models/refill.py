@@ -201,8 +201,8 @@ def decode_batches(
 
     The rows start as the first batch's. When the next bucket's sentences are due, the rows run
     until at most as many as its batches have are live, then move on to its shapes, cut to that
-    number: each bucket decodes in as many rows as its batches have, the batch sizes' trade of rows
-    against their lengths.
+    number (they never grow): each bucket decodes in at most as many rows as its batches have, the
+    batch sizes' trade of rows against their lengths.
 
     Args:
         decoder: greedy or beam search.

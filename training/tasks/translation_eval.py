@@ -179,7 +179,7 @@ def compiles_ahead_in_a_thread(platform: str, process_count: int) -> bool:
 def _fillers_to_compile(setup: EvalSetup, batches: list[refill.SourceBatch]) -> list[refill.SourceBatch]:
     """`refill.compile_ahead`'s fillers (a batch of each bucket), where the batches span several buckets of shapes
     this setup has not compiled yet; otherwise none."""
-    firsts = [next(bucket) for _, bucket in itertools.groupby(batches, key=lambda batch: batch.inputs.shape)]
+    firsts = [next(bucket) for _, bucket in itertools.groupby(batches, key=lambda batch: batch.inputs.shape[1])]
     shapes = tuple(batch.inputs.shape for batch in firsts)
     if len(firsts) < 2 or shapes in setup.compiled_ahead:
         return []
