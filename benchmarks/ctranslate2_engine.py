@@ -66,6 +66,14 @@ def translate(
     return Translations(hypotheses, timings["seconds"], timings["device"])
 
 
+def budget_groups(budgets: Sequence[int]) -> dict[int, list[int]]:
+    """Line indices by their budget: the lines an engine decodes in one call."""
+    groups = {}
+    for i, budget in enumerate(budgets):
+        groups.setdefault(budget, []).append(i)
+    return groups
+
+
 def _translate_file(arguments: argparse.Namespace) -> None:
     import ctranslate2  # pylint: disable=g-import-not-at-top  (the export extra; imported only where it runs)
     import sentencepiece  # pylint: disable=g-import-not-at-top
@@ -85,9 +93,7 @@ def _translate_file(arguments: argparse.Namespace) -> None:
             sys.exit(f"error: {arguments.budgets} has {len(budgets)} budgets for {len(lines)} lines")
     else:
         budgets = [arguments.max_decoding_length] * len(lines)
-    groups = {}
-    for i, budget in enumerate(budgets):
-        groups.setdefault(budget, []).append(i)
+    groups = budget_groups(budgets)
     seconds = []
     for _ in range(arguments.rounds):
         hypotheses = [[] for _ in lines]

@@ -103,14 +103,6 @@ def _call_budgets(budgets: list[int], decoding: Decoding, max_length: int) -> li
     return [max_length] * len(budgets) if decoding.beam_size == 1 else budgets
 
 
-def _budget_groups(call_budgets: list[int]) -> dict[int, list[int]]:
-    """Line indices by their budget in an engine's call."""
-    groups = {}
-    for i, budget in enumerate(call_budgets):
-        groups.setdefault(budget, []).append(i)
-    return groups
-
-
 def _huggingface(folder: str, lines: list[str], decoding: Decoding, max_source: int, call_budgets) -> EngineOutput:
     tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
     model = transformers.AutoModelForSeq2SeqLM.from_pretrained(folder).eval()
@@ -120,7 +112,7 @@ def _huggingface(folder: str, lines: list[str], decoding: Decoding, max_source: 
     translations = [[] for _ in lines]
     start = time.perf_counter()
     with torch.inference_mode():
-        for budget, indices in _budget_groups(call_budgets).items():
+        for budget, indices in ctranslate2_engine.budget_groups(call_budgets).items():
             for batch in _by_length(indices, lines, tokenizer.tokenize):
                 inputs = tokenizer(
                     [lines[i] for i in batch], return_tensors="pt", padding=True, truncation=True, max_length=max_source

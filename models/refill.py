@@ -51,6 +51,10 @@ class SourceBatch(NamedTuple):
     ids: np.ndarray
     max_length: int
 
+    def filler(self, pad_id: int) -> 'SourceBatch':
+        """A batch of this one's shapes with no sentence (`compile_ahead` runs programs on such)."""
+        return self._replace(inputs=np.full_like(self.inputs, pad_id), ids=self.ids[:0])
+
 
 # Rows are refilled once this share of them is done: fewer stops, against rows idle while they wait.
 REFILL_SHARE = 1 / 8
@@ -96,6 +100,15 @@ def _take_rows(tree: Any, rows: int, source: Array, copies: int) -> Any:
     return jax.tree.map(take, tree)
 
 
+def _widened(search, *, token_fields: tuple[str, ...], source_length: int, max_length: int, pad_id: int):
+    """`RowDecoder.widen` of a search whose `token_fields` end in [max_length + 1] tokens."""
+    state, context = widened_cached_decoding(
+        search.state, search.context, source_length=source_length, max_length=max_length, pad_id=pad_id
+    )
+    tokens = {name: grown(getattr(search, name), -1, max_length + 1, pad_id) for name in token_fields}
+    return search._replace(**tokens, state=state, context=context)
+
+
 def _row_decoder(start, insert, run, widen, copies: int) -> RowDecoder:
     """The jitted `RowDecoder` of a search's functions (each search's `budgets` has one entry a row)."""
 
@@ -122,12 +135,6 @@ def greedy_decoder(model: Transformer, *, bos_id: int, eos_id: int, pad_id: int)
     def insert(rows, fresh, take, source):
         return insert_greedy_rows(rows, take, _take_rows(fresh, fresh.budgets.shape[0], source, 1))
 
-    def widen(rows, *, source_length, max_length):
-        state, context = widened_cached_decoding(
-            rows.state, rows.context, source_length=source_length, max_length=max_length, pad_id=pad_id
-        )
-        return rows._replace(tokens=grown(rows.tokens, 1, max_length + 1, pad_id), state=state, context=context)
-
     def run(params, rows, min_done):
         next_token_logits = functools.partial(cached_next_token_logits, model, params)
         rows = run_greedy(
@@ -141,6 +148,7 @@ def greedy_decoder(model: Transformer, *, bos_id: int, eos_id: int, pad_id: int)
         )
         return rows, rows.finished, rows.tokens[:, 1:]
 
+    widen = functools.partial(_widened, token_fields=('tokens',), pad_id=pad_id)
     return _row_decoder(start, insert, run, widen, 1)
 
 
@@ -159,15 +167,6 @@ def beam_decoder(
     def insert(beams, fresh, take, source):
         return insert_beam_rows(beams, take, _take_rows(fresh, fresh.budgets.shape[0], source, beam_size))
 
-    def widen(beams, *, source_length, max_length):
-        state, context = widened_cached_decoding(
-            beams.state, beams.context, source_length=source_length, max_length=max_length, pad_id=pad_id
-        )
-        tokens = {
-            name: grown(getattr(beams, name), 2, max_length + 1, pad_id) for name in ('live_tokens', 'finished_tokens')
-        }
-        return beams._replace(**tokens, state=state, context=context)
-
     def run(params, beams, min_done):
         next_token_logits = functools.partial(cached_next_token_logits, model, params)
         # Only the best hypothesis is read: a sentence is done once it is settled.
@@ -175,6 +174,7 @@ def beam_decoder(
         best = jnp.where(beams.skip[:, None], pad_id, beams.finished_tokens[:, 0, 1:])
         return beams, beams_done(beams, alpha, settled=1), best
 
+    widen = functools.partial(_widened, token_fields=('live_tokens', 'finished_tokens'), pad_id=pad_id)
     return _row_decoder(start, insert, run, widen, beam_size)
 
 

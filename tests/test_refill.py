@@ -161,8 +161,7 @@ def test_compiling_ahead_compiles_every_program_decoding_then_runs(setting, beam
     decoder = _decoder(model, beam_size)  # Its own: the test counts its compiled programs.
     first_bucket = [batch for batch in batches if batch.inputs.shape[1] == BUCKETS[0][0]]
     _refilled(decoder, params, first_bucket)  # Compiles the first bucket's programs, as decoding begins.
-    fillers = [first_bucket[0], batches[len(first_bucket)]]
-    fillers = [batch._replace(inputs=np.full_like(batch.inputs, PAD), ids=batch.ids[:0]) for batch in fillers]
+    fillers = [first_bucket[0].filler(PAD), batches[len(first_bucket)].filler(PAD)]
     refill.compile_ahead(decoder, params, fillers, place=_place)
     programs = ("start", "insert", "run", "take", "widen")
     compiled = {name: getattr(decoder, name)._cache_size() for name in programs}

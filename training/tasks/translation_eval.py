@@ -184,7 +184,7 @@ def _fillers_to_compile(setup: EvalSetup, batches: list[refill.SourceBatch]) -> 
     if len(firsts) < 2 or shapes in setup.compiled_ahead:
         return []
     setup.compiled_ahead.add(shapes)
-    return [batch._replace(inputs=np.full_like(batch.inputs, PAD_ID), ids=batch.ids[:0]) for batch in firsts]
+    return [batch.filler(PAD_ID) for batch in firsts]
 
 
 @contextlib.contextmanager
