@@ -14,7 +14,7 @@ from conftest import TINY_MODEL
 from tolerances import FLOAT32_EPS, rounding_tolerance, transformer_operations
 
 from models import Transformer
-from models.beam_search import beam_search_loop, length_penalty, top_extensions
+from models.beam_search import beam_rows, beam_search_loop, length_penalty, run_beams, top_extensions
 from models.decoding import beam_search, decode_length, generate
 from models.search import NEG_INF, argmax_token, sampled_token, search_loop
 
@@ -397,6 +397,44 @@ def test_a_rows_output_depends_on_its_budget_not_on_the_batchs_length(search):
     assert [np.count_nonzero(row != PAD) for row in together] == budgets.tolist()  # Each used its whole budget.
     unlimited = np.asarray(decode(1, 10))[0]
     assert EOS not in unlimited[:3] and unlimited[3] != PAD  # The budget cut row 0, or the test shows nothing.
+
+
+@pytest.mark.parametrize("alpha", [0.0, 0.6, 1.5])
+def test_a_row_done_once_its_best_is_settled_keeps_the_best_hypothesis_and_stops_sooner(alpha):
+    """settled=1 (a caller that reads the best only) gives the best hypothesis that settling every beam gives."""
+    rows, beam_size, max_length, vocab_size = 64, 3, 12, 12
+    rng = np.random.default_rng(1)
+    budgets = jnp.asarray(rng.integers(4, max_length + 1, rows), jnp.int32)
+    # A Markov chain of each row's own (the context holds each hypothesis' row), <eos> as likely as any token.
+    # Sharp, so that some continuations cost little: at alpha 1.5 a live hypothesis can still overtake a
+    # finished one, and a bound at the row's position instead of its budget fails here.
+    table = jnp.asarray(rng.normal(size=(rows, vocab_size, vocab_size)) * 4.0, jnp.float32)
+
+    def next_token_logits(positions, tokens, state, row):
+        return table[row, jnp.take_along_axis(tokens, positions[:, None], axis=1)[:, 0]], state
+
+    context = jnp.repeat(jnp.arange(rows), beam_size)
+    runs = {}
+    for settled in (1, beam_size):
+        beams = beam_rows(
+            (),
+            context,
+            jnp.zeros(rows, bool),
+            budgets,
+            beam_size=beam_size,
+            max_length=max_length,
+            bos_id=BOS,
+            pad_id=PAD,
+        )
+        runs[settled] = run_beams(
+            next_token_logits, beams, alpha=alpha, eos_id=EOS, bos_id=BOS, pad_id=PAD, settled=settled
+        )
+    np.testing.assert_array_equal(runs[1].finished_tokens[:, 0], runs[beam_size].finished_tokens[:, 0])
+    np.testing.assert_array_equal(runs[1].finished_scores[:, 0], runs[beam_size].finished_scores[:, 0])
+    # A done row's position stops: rows stop sooner (or the rule shows nothing), some before their budget.
+    sooner, later = np.asarray(runs[1].positions), np.asarray(runs[beam_size].positions)
+    assert np.all(sooner <= later) and np.sum(sooner) < np.sum(later), (sooner, later)
+    assert np.any(sooner < np.asarray(budgets))
 
 
 def test_top_extensions_equal_the_top_k_of_every_log_probability():
