@@ -172,3 +172,14 @@ def test_the_train_state_and_step_builders_import_no_data_stack():
         "assert not loaded, loaded\n"
     )
     subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True)
+
+
+def test_translating_and_training_import_no_matplotlib():
+    # Figures are drawn by the code that draws them: importing matplotlib costs every
+    # translate.py start half a second (attention maps, confusion matrices).
+    code = (
+        "import sys\n"
+        "import training.inference, training.tasks.translation, training.tasks.classification, training.loop\n"
+        "assert 'matplotlib' not in sys.modules, sorted(n for n in sys.modules if n.startswith('matplotlib'))\n"
+    )
+    subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True)

@@ -14,18 +14,19 @@ import dataclasses
 import math
 import os
 from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 import sentencepiece as spm
-from matplotlib.backends.backend_agg import FigureCanvasAgg, RendererAgg
-from matplotlib.colors import Normalize
-from matplotlib.figure import Figure
-from matplotlib.font_manager import FontProperties
 
 from input_pipeline.tokenizer import encode_sources
 from models import Transformer
 from training.reporting.attention_weights import attention_weights
 from training.reporting.metrics_writer import MetricWriter
+
+if TYPE_CHECKING:  # matplotlib is imported only when a map is drawn (half a second of every translate.py start).
+    from matplotlib.backends.backend_agg import RendererAgg
+    from matplotlib.figure import Figure
 
 # SentencePiece's piece for bos_id: the first decoder input, and the classifier's [CLS] token.
 BOS_PIECE = "<s>"
@@ -94,8 +95,10 @@ def _grid_shape(num_heads: int) -> tuple[int, int]:
     return rows, math.ceil(num_heads / rows)
 
 
-def _text_inches(renderer: RendererAgg, texts: Sequence[str], font_points: float) -> float:
+def _text_inches(renderer: "RendererAgg", texts: Sequence[str], font_points: float) -> float:
     """Length of the longest of `texts` set in `font_points`, measured by the renderer that draws them."""
+    from matplotlib.font_manager import FontProperties  # pylint: disable=g-import-not-at-top
+
     font = FontProperties(size=font_points)
     return max(renderer.get_text_width_height_descent(text, font, ismath=False)[0] for text in set(texts)) / _DPI
 
@@ -127,7 +130,7 @@ class _Layout:
     @classmethod
     def fit(
         cls,
-        renderer: RendererAgg,
+        renderer: "RendererAgg",
         shape: tuple[int, int, int],
         query_pieces: Sequence[str],
         key_pieces: Sequence[str],
@@ -198,7 +201,9 @@ class _Layout:
         return (self.grid_left + self.columns * self.panel_width / 2) / self.width
 
 
-def attention_figure(weights: np.ndarray, query_pieces: Sequence[str], key_pieces: Sequence[str], name: str) -> Figure:
+def attention_figure(
+    weights: np.ndarray, query_pieces: Sequence[str], key_pieces: Sequence[str], name: str
+) -> "Figure":
     """One heat map per head of `weights` [heads, q_len, kv_len], on a shared colour scale.
 
     Rows are queries, labelled with `query_pieces` [q_len]; columns are keys, labelled with
@@ -219,6 +224,10 @@ def attention_figure(weights: np.ndarray, query_pieces: Sequence[str], key_piece
     stack, _, kind = name.split("/")
     query_label, key_label = _AXIS_LABELS[kind][stack]
     title = _title(name)
+
+    from matplotlib.backends.backend_agg import FigureCanvasAgg  # pylint: disable=g-import-not-at-top
+    from matplotlib.colors import Normalize  # pylint: disable=g-import-not-at-top
+    from matplotlib.figure import Figure  # pylint: disable=g-import-not-at-top
 
     figure = Figure(dpi=_DPI)
     renderer = FigureCanvasAgg(figure).get_renderer()
@@ -252,7 +261,7 @@ def attention_figure(weights: np.ndarray, query_pieces: Sequence[str], key_piece
 
 def attention_figures(
     weights: Mapping[str, np.ndarray], source_pieces: Sequence[str], target_pieces: Sequence[str]
-) -> dict[str, Figure]:
+) -> dict[str, "Figure"]:
     """A figure per entry of `weights` (from `attention_weights`), under the same names.
 
     Args:
@@ -272,7 +281,7 @@ def figure_file_name(name: str) -> str:
     return name.replace("layer_", "layer").replace("/", "_") + ".png"
 
 
-def save_attention_maps(figures: Mapping[str, Figure], out_dir: str) -> list[str]:
+def save_attention_maps(figures: Mapping[str, "Figure"], out_dir: str) -> list[str]:
     """Writes each figure of `attention_figures` as `out_dir/<figure_file_name(name)>`; returns the paths."""
     os.makedirs(out_dir, exist_ok=True)
     paths = []
@@ -283,7 +292,7 @@ def save_attention_maps(figures: Mapping[str, Figure], out_dir: str) -> list[str
     return paths
 
 
-def write_attention_summaries(writer: MetricWriter, step: int, figures: Mapping[str, Figure]) -> None:
+def write_attention_summaries(writer: MetricWriter, step: int, figures: Mapping[str, "Figure"]) -> None:
     """Adds each figure of `attention_figures` to TensorBoard as an image tagged 'attention/<name>'."""
     writer.write_figures(step, {f"attention/{name}": figure for name, figure in figures.items()})
 
