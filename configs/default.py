@@ -188,7 +188,9 @@ def get_config() -> ml_collections.ConfigDict:
     eval_config.num_bleu_sentences = 512
     # The longest output: each sentence gets min(this, 2 x its source's subwords + 8) (models/decoding.py).
     eval_config.max_decode_length = 256
-    eval_config.per_device_batch_size = 32  # Sentences; beam search decodes beam_size hypotheses each.
+    # Hypotheses decoded at once per device (sentences of the longest bucket): beam search takes
+    # per_device_batch_size / beam_size sentences of beam_size hypotheses each (models/decoding.py).
+    eval_config.per_device_batch_size = 32
     # Decoding for evaluation and translate.py. beam_size 1 is greedy; the paper uses
     # beam 4 with length penalty alpha 0.6: score = log P / ((5 + length) / 6) ** alpha.
     eval_config.beam_size = 1

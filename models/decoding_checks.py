@@ -37,7 +37,7 @@ def check_decoding_memory(
     """Decoding the largest of evaluation's batches fits in one device's memory (a lower bound, before allocating).
 
     Every length bucket's batch carries about the same tokens, so shorter buckets decode more
-    sentences at once.
+    sentences at once; beam search decodes beam_size hypotheses of each.
 
     Args:
         model_config: the Transformer that decodes.
@@ -59,11 +59,12 @@ def check_decoding_memory(
     length = max(needs, key=needs.get)
     if needs[length] <= available:
         return
-    per_beam = needs[length] / beam_size
-    fits = f"no beam size above {int(available // per_beam)} fits" if available >= 2 * per_beam else "no beam fits"
+    sentences = batch_sizes[length]
+    fit = int(available // (needs[length] / (sentences * beam_size)))
+    fits = f"at most {fit:,} hypotheses of that length fit" if fit else "not even one hypothesis of that length fits"
     raise UserInputError(
-        f"config.eval.beam_size={beam_size}: decoding a batch of {batch_sizes[length]} sentences of {length} subwords "
-        f"needs at least {needs[length] / 1e9:,.1f} GB (keys and values of {beam_size} hypotheses each, and their "
-        f"logits over {model_config.vocab_size} subwords) but {where} is {available / 1e9:,.1f} GB: {fits}. "
-        "Lower the beam size or config.eval.per_device_batch_size."
+        f"config.eval.beam_size={beam_size}: decoding a batch of {sentences} sentence{'s' * (sentences != 1)} of "
+        f"{length} subwords needs at least {needs[length] / 1e9:,.1f} GB (keys and values of {beam_size} hypotheses "
+        f"each, and their logits over {model_config.vocab_size} subwords) but {where} is {available / 1e9:,.1f} GB: "
+        f"{fits}. Lower config.eval.per_device_batch_size (hypotheses a batch) or the beam size."
     )

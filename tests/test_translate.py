@@ -232,3 +232,20 @@ def test_decoding_compiles_the_later_buckets_ahead_only_where_the_rule_allows(
     assert asked == [("cpu", 1)]
     assert len(compiled) == compiles_ahead  # The second bucket's programs, or nothing.
     assert [len(fillers) for fillers in compiled] == [2] * compiles_ahead  # A filler batch of each bucket.
+
+
+def test_beam_search_batches_hold_as_many_hypotheses_as_greedy_batches_hold_sentences(trained_workdir):
+    """eval.per_device_batch_size counts hypotheses: beam 4 decodes a quarter as many sentences a batch."""
+    config = inference.load_config(trained_workdir)
+    trained = inference.load_trained_model(config, trained_workdir)
+
+    def batch_sizes(beam_size):
+        beam_config = config.copy_and_resolve_references()
+        beam_config.eval.beam_size = beam_size
+        return translation.eval_setup(beam_config, trained.model, trained.tokenizer, trained.mesh).batch_sizes
+
+    greedy, beam = batch_sizes(1), batch_sizes(4)
+    assert greedy.keys() == beam.keys()
+    for length in greedy:
+        assert beam[length] == max(1, config.eval.per_device_batch_size // 4 * config.dataset.max_length // length)
+        assert beam[length] * 4 <= greedy[length]

@@ -16,6 +16,7 @@ from input_pipeline.config_checks import check_data
 from models import config_checks as model_checks
 from models import decoding_checks
 from models.build import make_model
+from models.decoding import sentences_per_batch
 from training import divergence, optimizer, step_options
 from training.runtime import device_memory, sharding
 
@@ -71,8 +72,8 @@ def _check_run(config: ml_collections.ConfigDict) -> None:
 
 
 def _check_decoding_memory(config: ml_collections.ConfigDict) -> None:
-    """Evaluation's decoding fits in one device: each bucket's batch of eval.per_device_batch_size rows' tokens."""
-    tokens = config.eval.per_device_batch_size * config.dataset.max_length
+    """Evaluation's decoding fits in one device: each bucket's batch, sized as translation's eval_setup sizes it."""
+    tokens = sentences_per_batch(config.eval.per_device_batch_size, config.eval.beam_size) * config.dataset.max_length
     available, where = device_memory.memory_per_device()
     decoding_checks.check_decoding_memory(
         make_model(config, config.tokenizer.vocab_size).config,

@@ -20,6 +20,7 @@ from input_pipeline import batching, streaming
 from input_pipeline.corpus import Corpus, load_corpus
 from input_pipeline.datasets import TextPairs
 from models.build import make_model
+from models.decoding import sentences_per_batch
 from training import step_options
 from training.reporting.attention_maps import write_attention_summary
 from training.reporting.metrics_writer import MetricWriter
@@ -37,7 +38,9 @@ def eval_setup(config, model, tokenizer, mesh) -> translation_eval.EvalSetup:
         mesh=mesh,
         tokenizer=tokenizer,
         boundaries=tuple(config.dataset.bucket_boundaries),
-        batch_sizes=base.batch_sizes(config, config.eval.per_device_batch_size, mesh),
+        batch_sizes=base.batch_sizes(
+            config, sentences_per_batch(config.eval.per_device_batch_size, config.eval.beam_size), mesh
+        ),
         max_decode_length=config.eval.max_decode_length,
         decoding=describe_decoding(config.eval),
         seed=config.seed,
