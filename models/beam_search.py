@@ -78,7 +78,9 @@ def top_extensions(logits: Array, live_log_probs: Array, n: int) -> tuple[Array,
     batch, beams, vocab_size = logits.shape
     per_beam = min(n, vocab_size)
     top_logits, top_tokens = vocabulary_top_k.top_k(logits, per_beam)  # [batch, beams, per_beam]
-    largest = top_logits[:, :, :1]  # max(x), without another pass over the vocabulary.
+    # max(x), without another pass over the vocabulary. (A slice of top_logits would be folded into
+    # the top-k, which XLA:CPU then runs as a sort of its candidates instead of its TopK routine.)
+    largest = jnp.max(top_logits, axis=-1, keepdims=True)
     normaliser = jnp.log(jnp.sum(jnp.exp(logits - largest), axis=-1, keepdims=True))
     candidates = live_log_probs[:, :, None] + ((top_logits - largest) - normaliser)
     top_log_probs, flat = jax.lax.top_k(candidates.reshape(batch, beams * per_beam), n)

@@ -437,6 +437,22 @@ def test_a_row_done_once_its_best_is_settled_keeps_the_best_hypothesis_and_stops
     assert np.any(sooner < np.asarray(budgets))
 
 
+def test_top_extensions_compile_to_topk_routines_not_sorts_on_the_cpu():
+    """XLA:CPU runs a lax.top_k whose result is sliced again as a sort of all its candidates (a fifth of
+    beam search's time, once): in a loop as decoding runs it, every selection stays a TopK routine."""
+    logits, live = jnp.zeros((16, 4, 8000)), jnp.zeros((16, 4))
+
+    def steps(logits, live):
+        return jax.lax.fori_loop(
+            0, 2, lambda i, total: total + top_extensions(logits + i, live, 8)[0], jnp.zeros((16, 8))
+        )
+
+    hlo = jax.jit(steps).lower(logits, live).compile().as_text()
+    sorted_widths = [int(width) for width in re.findall(r"(\d+)\]\{[\d,]*\} sort\(", hlo)]
+    assert hlo.count('custom_call_target="TopK"') >= 2
+    assert all(width <= 8 for width in sorted_widths), sorted_widths  # Only the chosen blocks' indices are sorted.
+
+
 def test_top_extensions_equal_the_top_k_of_every_log_probability():
     """The n best of live log P + log_softmax over all beams and tokens, ties (repeated logits) included."""
     rng = np.random.default_rng(0)

@@ -273,7 +273,11 @@ def test_translate_and_evaluation_report_bad_input_in_one_line(trained_run, smal
     for args, stdin, names in [
         ([], b"a\xff\n", ["stdin, line 1: bytes that are not UTF-8", "iconv"]),
         ([f"--input={bad}"], None, [f"--input={bad}, line 2: bytes that are not UTF-8"]),
-        (["--beam_size=1000000000"], b"Click OK.\n", ["config.eval.beam_size=1000000000", "hypotheses of that length fit"]),
+        (
+            ["--beam_size=1000000000"],
+            b"Click OK.\n",
+            ["config.eval.beam_size=1000000000", "hypotheses of that length fit"],
+        ),
     ]:
         result = run_entry_point("translate.py", f"--workdir={trained_run}", *args, stdin=stdin)
         assert_clean_failure(result, *names)
