@@ -12,7 +12,8 @@ CTranslate2 finds one, else with the machine's cores as threads; greedy at the l
 to each sentence's, beam search at each sentence's budget). It reports output subwords per second
 (with `</s>`) and BLEU of each. Then it times whole processes on the same lines, start to end
 (import, load, compile, decode, write): translate.py, first with an empty compilation cache and
-again with the programs it wrote there, against ctranslate2_engine.py translating the file.
+again with the programs it wrote there, against ctranslate2_engine.py translating the file; and
+each of them translating the split's first line alone, what starting up costs before decoding.
 --noctranslate2 leaves CTranslate2 out (a machine without the export extra).
 
 With --profile_calls, this project's float32 search is profiled too (benchmarks/xla_profile.py, by
@@ -207,32 +208,39 @@ def get_config():
 
 
 def _time_processes(workdir, folders, lines, beam_size, alpha, config, scratch, ct2_batch_size, dtypes) -> list[dict]:
-    """Seconds of whole processes translating `lines` into a file: translate.py in each of `dtypes`,
-    first with an empty compilation cache, then again with the programs the first wrote there;
-    benchmarks/ctranslate2_engine.py with each export in `folders`."""
+    """Seconds of whole processes translating `lines`, then their first line alone, into a file: translate.py
+    in each of `dtypes`, first with an empty compilation cache, then again with the programs the first wrote
+    there; benchmarks/ctranslate2_engine.py with each export in `folders`."""
     max_source = config.dataset.max_length
-    source = os.path.join(scratch, "source.txt")
-    with open(source, "w", encoding="utf-8") as f:
-        f.writelines(line + "\n" for line in lines)
     target = os.path.join(scratch, "target.txt")
-    translate_py = [sys.executable, os.path.join(records.REPO_ROOT, "translate.py"), f"--workdir={workdir}"]
-    translate_py += [f"--beam_size={beam_size}", f"--length_penalty={alpha}", f"--input={source}", f"--output={target}"]
-    commands = {}
-    for dtype in dtypes:
-        config_file = os.path.join(scratch, f"config_beam{beam_size}_{dtype}.py")
-        cache = os.path.join(scratch, f"compilation_cache_beam{beam_size}_{dtype}")
-        with open(config_file, "w", encoding="utf-8") as f:
-            f.write(_CONFIG_WITH_CACHE.format(config=os.path.join(workdir, "config.json"), cache=cache))
-        command = [*translate_py, f"--dtype={dtype}", f"--config={config_file}"]
-        commands[f"translate.py, {dtype}"] = command  # Compiles, and writes the cache.
-        commands[f"translate.py, {dtype}, cached"] = command  # Reads it.
-    for weights, folder in folders.items():
-        commands[f"CTranslate2, {weights}"] = [
-            *(sys.executable, "-m", "benchmarks.ctranslate2_engine", folder, source, target),
-            *(f"--beam_size={beam_size}", f"--length_penalty={alpha}", f"--batch_size={ct2_batch_size}"),
-            *(f"--max_decoding_length={config.eval.max_decode_length}", f"--max_source_length={max_source}"),
+    processes = []
+    for name, inputs in (("", lines), (", one line", lines[:1])):
+        source = os.path.join(scratch, f"source{len(inputs)}.txt")
+        with open(source, "w", encoding="utf-8") as f:
+            f.writelines(line + "\n" for line in inputs)
+        translate_py = [sys.executable, os.path.join(records.REPO_ROOT, "translate.py"), f"--workdir={workdir}"]
+        translate_py += [f"--beam_size={beam_size}", f"--length_penalty={alpha}", f"--input={source}"]
+        translate_py += [f"--output={target}"]
+        commands = {}
+        for dtype in dtypes:
+            config_file = os.path.join(scratch, f"config_beam{beam_size}_{dtype}_{len(inputs)}.py")
+            cache = os.path.join(scratch, f"compilation_cache_beam{beam_size}_{dtype}_{len(inputs)}")
+            with open(config_file, "w", encoding="utf-8") as f:
+                f.write(_CONFIG_WITH_CACHE.format(config=os.path.join(workdir, "config.json"), cache=cache))
+            command = [*translate_py, f"--dtype={dtype}", f"--config={config_file}"]
+            commands[f"translate.py, {dtype}{name}"] = command  # Compiles, and writes the cache.
+            commands[f"translate.py, {dtype}{name}, cached"] = command  # Reads it.
+        for weights, folder in folders.items():
+            commands[f"CTranslate2, {weights}{name}"] = [
+                *(sys.executable, "-m", "benchmarks.ctranslate2_engine", folder, source, target),
+                *(f"--beam_size={beam_size}", f"--length_penalty={alpha}", f"--batch_size={ct2_batch_size}"),
+                *(f"--max_decoding_length={config.eval.max_decode_length}", f"--max_source_length={max_source}"),
+            ]
+        processes += [
+            {"command": command, "beam_size": beam_size, "lines": len(inputs), "seconds": _whole_process(c)}
+            for command, c in commands.items()
         ]
-    return [{"command": name, "beam_size": beam_size, "seconds": _whole_process(c)} for name, c in commands.items()]
+    return processes
 
 
 def _write(rows, processes, profiles, lines, rounds, ct2_batch_size, ct2_devices, measured_source, workdir) -> None:
@@ -269,7 +277,8 @@ def _write(rows, processes, profiles, lines, rounds, ct2_batch_size, ct2_devices
     if processes:
         table += [
             "",
-            "Whole processes translating the lines into a file (import, load, compile, decode, write):",
+            "Whole processes translating the lines into a file (import, load, compile, decode, write), and the"
+            " first line alone (start-up):",
             "",
             "| command | beam | seconds |",
             "|---|---:|---:|",
