@@ -150,6 +150,14 @@ def _decode_speed(figures: dict) -> str:
         )
         if engine in engines
     )
+    start_up = "; ".join(
+        f"{name} {seconds(command)}" + (f" (cached: {seconds(command + ', cached')})" if "translate" in command else "")
+        for name, command in (
+            ("`translate.py` float32", "translate.py, float32, one line"),
+            ("CTranslate2 float32", "CTranslate2, float32, one line"),
+        )
+        if command in commands
+    )
     searches = " / ".join("greedy" if beam == 1 else f"beam {beam}" for beam in beams)
     apart = " (CTranslate2 in a process of its own)" if any(e.startswith("CTranslate2") for e in engines) else ""
     cell = f"the whole test split ({figures['lines']:,} lines), {searches}"
@@ -158,6 +166,8 @@ def _decode_speed(figures: dict) -> str:
             ", as whole processes (start, load, compile, decode, write; cached: the programs read from the compilation "
             f"cache a first run wrote): {processes}"
         )
+    if start_up:
+        cell += f"; the first line alone (start-up): {start_up}"
     return cell + f". Decoding alone, output subwords/s, compiled{apart}: {in_process}"
 
 
