@@ -214,8 +214,8 @@ def _time_processes(workdir, folders, lines, beam_size, alpha, config, scratch, 
     max_source = config.dataset.max_length
     target = os.path.join(scratch, "target.txt")
     processes = []
-    for name, inputs in (("", lines), (", one line", lines[:1])):
-        source = os.path.join(scratch, f"source{len(inputs)}.txt")
+    for part, name, inputs in (("all", "", lines), ("first", ", one line", lines[:1])):
+        source = os.path.join(scratch, f"source_{part}.txt")
         with open(source, "w", encoding="utf-8") as f:
             f.writelines(line + "\n" for line in inputs)
         translate_py = [sys.executable, os.path.join(records.REPO_ROOT, "translate.py"), f"--workdir={workdir}"]
@@ -223,8 +223,8 @@ def _time_processes(workdir, folders, lines, beam_size, alpha, config, scratch, 
         translate_py += [f"--output={target}"]
         commands = {}
         for dtype in dtypes:
-            config_file = os.path.join(scratch, f"config_beam{beam_size}_{dtype}_{len(inputs)}.py")
-            cache = os.path.join(scratch, f"compilation_cache_beam{beam_size}_{dtype}_{len(inputs)}")
+            config_file = os.path.join(scratch, f"config_beam{beam_size}_{dtype}_{part}.py")
+            cache = os.path.join(scratch, f"compilation_cache_beam{beam_size}_{dtype}_{part}")  # Empty at first.
             with open(config_file, "w", encoding="utf-8") as f:
                 f.write(_CONFIG_WITH_CACHE.format(config=os.path.join(workdir, "config.json"), cache=cache))
             command = [*translate_py, f"--dtype={dtype}", f"--config={config_file}"]

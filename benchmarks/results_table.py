@@ -129,15 +129,23 @@ def _decode_speed(figures: dict) -> str:
         return by_beam(figures["whole_processes"], "command", command, "seconds", ".1f") + " s"
 
     commands = {process["command"] for process in figures["whole_processes"]}
-    processes = "; ".join(
-        f"{name} {seconds(command)}" + (f" (cached: {seconds(command + ', cached')})" if "translate" in command else "")
-        for name, command in (
+
+    def processes_of(named: tuple[tuple[str, str], ...]) -> str:
+        """'name seconds' of each (name, command) the record has; translate.py's with its cached run."""
+        return "; ".join(
+            f"{name} {seconds(command)}"
+            + (f" (cached: {seconds(command + ', cached')})" if "translate" in command else "")
+            for name, command in named
+            if command in commands
+        )
+
+    processes = processes_of(
+        (
             ("`translate.py` float32, compiling", "translate.py, float32"),
             ("`translate.py` 'auto', compiling", "translate.py, auto"),
             ("CTranslate2 float32", "CTranslate2, float32"),
             ("int8", "CTranslate2, int8"),
         )
-        if command in commands
     )
     engines = {row["engine"] for row in figures["rows"]}
     in_process = "; ".join(
@@ -150,13 +158,11 @@ def _decode_speed(figures: dict) -> str:
         )
         if engine in engines
     )
-    start_up = "; ".join(
-        f"{name} {seconds(command)}" + (f" (cached: {seconds(command + ', cached')})" if "translate" in command else "")
-        for name, command in (
+    start_up = processes_of(
+        (
             ("`translate.py` float32", "translate.py, float32, one line"),
             ("CTranslate2 float32", "CTranslate2, float32, one line"),
         )
-        if command in commands
     )
     searches = " / ".join("greedy" if beam == 1 else f"beam {beam}" for beam in beams)
     apart = " (CTranslate2 in a process of its own)" if any(e.startswith("CTranslate2") for e in engines) else ""

@@ -211,10 +211,18 @@ def test_beam_too_large_for_memory_names_the_limit():
     message = str(error.value)
     # Batches hold eval.per_device_batch_size hypotheses: one sentence of 10^9 is the least there is.
     assert re.match(r"config\.eval\.beam_size=1000000000: decoding a batch of [12] sentences? of \d+ subwords", message)
-    fits = re.search(r"GB: at most ([\d,]+) hypotheses of that length fit\.", message)
-    assert fits or "GB: not even one hypothesis of that length fits." in message, message
-    if fits:  # As many hypotheses as fit are a batch of the default size's, or fewer.
-        assert int(fits.group(1).replace(",", "")) < 10**9
+    figures = re.search(
+        r"a batch of (\d+) sentences? of \d+ subwords needs at least ([\d,.]+) GB .* is ([\d,.]+) GB: "
+        r"(?:at most ([\d,]+) hypotheses|not even one hypothesis) of that length fits?\.",
+        message,
+    )
+    assert figures, message
+    sentences, needed, available = (float(figures.group(i).replace(",", "")) for i in (1, 2, 3))
+    fit = int(figures.group(4).replace(",", "")) if figures.group(4) else 0
+    # The hypotheses that fit, from the GB the message prints, each rounded by up to 0.05 GB.
+    expected = available / needed * sentences * 10**9  # 10**9 hypotheses a sentence.
+    rounding = 0.05 / available + 0.05 / needed
+    assert abs(fit - expected) <= rounding * expected + 1, (fit, expected)
 
 
 # --- The command line, on a tiny trained run --------------------------------------------------------------
