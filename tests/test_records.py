@@ -1,301 +1,244 @@
-"""Translation data prepared once in ArrayRecord files and read back by random access (input_pipeline.corpus).
+"""Figures are records: the README's results table comes from docs/results/, and no prose cites a commit or a date.
 
-A run prepares the dataset on its first start; later starts open the prepared
-records and never read the text files again; the train split stays on disk
-(`Corpus.train_records`), the evaluation splits are read and tokenized whole.
+The records under docs/results/ carry the command, machine, software, date and commit of each
+measurement (common/records.py), and each is what its command wrote at a clean commit with
+software within pyproject.toml's pins (or a note saying why not); the README and docs link them
+instead of copying figures, and the code says why, not when.
 """
 
-import copy
+import ast
+import glob
 import os
-import random
+import re
+import subprocess
+import sys
+import tomllib
 
 import pytest
-import tensorflow_datasets as tfds
-from array_record.python.array_record_module import ArrayRecordWriter
-from conftest import tiny_config, write_corpus_slice
-from tensorflow_datasets.proto import tf_example_pb2
+from conftest import REPO_ROOT
+from packaging.requirements import Requirement  # pytest's dependency: the judge of records.py's reading of pins.
+from packaging.utils import canonicalize_name
 
-from common.errors import UserInputError
-from common.workdir import Workdir
-from input_pipeline import datasets
-from input_pipeline.corpus import load_corpus
-from input_pipeline.parallel_text import read_lines
-from input_pipeline.record_source import ArrayRecordSource, encode_text_example
+from benchmarks import results_table
+from common import records
 
-SPLITS = ("train", "valid", "test")
-LANGS = ("en", "de")
+# A commit hash as prose cites one: 7 to 40 hex digits, at least one letter and one digit.
+_COMMIT = re.compile(r"\b(?=[0-9a-f]*[a-f])(?=[0-9a-f]*[0-9])[0-9a-f]{7,40}\b")
+_DATE = re.compile(r"\b20\d\d-[01]\d-[0-3]\d\b")
+_LINK = re.compile(r"\]\(([^)#\s]+)(#[^)\s]*)?\)")
 
+_DOCS = [os.path.join(REPO_ROOT, "README.md"), *sorted(glob.glob(os.path.join(REPO_ROOT, "docs", "*.md")))]
+_CODE_FOLDERS = ("common", "configs", "models", "input_pipeline", "training", "sweeps", "benchmarks", "scripts")
+_ENTRY_POINTS = ("train.py", "translate.py", "classify.py", "sweep.py", "export.py")
+_RECORDS = sorted(glob.glob(os.path.join(records.RESULTS_DIR, "**", "*.json"), recursive=True))
 
-def file_pairs(folder, split: str) -> list[tuple[str, str]]:
-    """The (source, target) lines of a split's files, stripped, as the builder keeps them."""
-    pairs = zip(read_lines(os.path.join(folder, f"{split}.en")), read_lines(os.path.join(folder, f"{split}.de")))
-    return [(s.strip(), t.strip()) for s, t in pairs]
-
-
-def record_pairs(records) -> list[tuple[str, str]]:
-    return [(records[i]["en"].decode("utf-8"), records[i]["de"].decode("utf-8")) for i in range(len(records))]
-
-
-@pytest.fixture
-def corpus_dir(tmp_path) -> str:
-    """300 train pairs (three of them with an empty side), 30 valid and 30 test pairs of the bundled corpus."""
-    folder = write_corpus_slice(str(tmp_path / "corpus"), {"train": 300, "valid": 30, "test": 30})
-    for lang, blank_lines in (("en", (0, 41)), ("de", (41, 299))):
-        path = os.path.join(folder, f"train.{lang}")
-        lines = list(read_lines(path))
-        for number in blank_lines:
-            lines[number] = "  "
-        with open(path, "w", encoding="utf-8") as f:
-            f.writelines(line + "\n" for line in lines)
-    return folder
+# Records written before the check below existed, which it rejects: each is to be written again by its command at a
+# clean commit (on a GPU image outside the pins, with --software_note saying why), then taken off this list.
+_TO_REGENERATE = {
+    "accelerator_check_base_big_gpu",  # jax 0.11.2 and orbax-checkpoint 0.12.4, outside the pins, with no note.
+    "accelerator_check_copy_lr_gpu",  # The same.
+}
 
 
-def config_for(corpus_dir: str, tmp_path):
-    return tiny_config(
-        corpus_dir, **{"dataset.data_dir": str(tmp_path / "tfds"), "dataset.valid_split": "valid", "seed": 3}
+def _code_files() -> list[str]:
+    files = [os.path.join(REPO_ROOT, name) for name in _ENTRY_POINTS if os.path.exists(os.path.join(REPO_ROOT, name))]
+    for folder in _CODE_FOLDERS:
+        files += sorted(glob.glob(os.path.join(REPO_ROOT, folder, "**", "*.py"), recursive=True))
+    return files
+
+
+def _prose(text: str) -> str:
+    """Python source's docstrings and comments: where code would cite a run."""
+    tree = ast.parse(text)
+    docstrings = [
+        ast.get_docstring(node, clean=False) or ""
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef)
+    ]
+    comments = [line.split("#", 1)[1] for line in text.splitlines() if "#" in line]
+    return "\n".join(docstrings + comments)
+
+
+def test_the_readme_results_table_is_the_one_the_records_make():
+    with open(results_table.README, encoding="utf-8") as readme:
+        current = readme.read()
+    assert results_table.with_table(current, results_table.table()) == current, (
+        "README.md's results table is not generated from docs/results/: run python -m benchmarks.results_table"
     )
 
 
-def test_preparing_writes_array_record_files_of_the_files_pairs_in_order(tmp_path, corpus_dir):
-    config = config_for(corpus_dir, tmp_path)
-    builder = datasets.make_builder(config.dataset, str(tmp_path / "work"), required_splits=SPLITS)
-
-    assert builder.info.file_format == tfds.core.FileFormat.ARRAY_RECORD
-    files = os.listdir(builder.data_dir)
-    for split in SPLITS:
-        assert any(name.startswith(f"parallel_text-{split}.array_record-") for name in files), files
-    assert not any("tfrecord" in name for name in files)
-    for split in SPLITS:
-        assert record_pairs(datasets.records(builder, split)) == file_pairs(corpus_dir, split)
-    assert len(datasets.records(builder, "train")) == 300  # Lines 1, 42 and 300, with an empty side, too.
+@pytest.mark.parametrize("row", results_table.ROWS, ids=lambda row: row.records)
+def test_every_kind_of_result_has_a_record_in_the_table(row):
+    lines = [line for line in results_table.table() if line.startswith(f"| {row.what} |")]
+    assert lines and all("](docs/results/" in line for line in lines)
 
 
-def test_the_record_source_reads_what_tfds_reads_across_shards(tmp_path, corpus_dir):
-    """ArrayRecordSource (one-record range reads) gives TFDS's records, also split over shards and once copied."""
-    config = config_for(corpus_dir, tmp_path)
-    builder = datasets.make_builder(config.dataset, str(tmp_path / "work"), required_splits=SPLITS)
-    source = datasets.records(builder, "train")
-    assert isinstance(source, ArrayRecordSource)
-    expected = builder.as_data_source("train")
-    order = random.Random(0).sample(range(len(source)), len(source))
-    assert [source[i] for i in order] == expected.__getitems__(order)
-    # The same file as two "shards" of one record each end: indices map across shard boundaries.
-    path = builder.info.splits["train"].filepaths[0]
-    split = ArrayRecordSource([path, path], [len(source), len(source)], builder.info.features)
-    assert len(split) == 2 * len(source)
-    assert split[len(source) + 5] == source[5]
-    # Copied through __getstate__, as grain hands the source to worker processes: open readers stay behind.
-    assert copy.deepcopy(split)[len(source) - 1] == source[len(source) - 1]
-    with pytest.raises(IndexError):
-        source[len(source)]
+@pytest.mark.parametrize("path", _RECORDS, ids=lambda path: os.path.relpath(path, records.RESULTS_DIR))
+def test_a_record_is_what_its_command_wrote_at_a_clean_commit(path):
+    name = os.path.relpath(path, records.RESULTS_DIR).removesuffix(".json")
+    problems = records.problems(records.read(name))
+    if name in _TO_REGENERATE:
+        assert problems, f"{name} passes the check now: take it off _TO_REGENERATE"
+    else:
+        assert not problems
+    assert os.path.exists(path.removesuffix(".json") + ".md")
+
+
+def test_the_records_to_regenerate_exist():
+    assert not _TO_REGENERATE - {os.path.relpath(p, records.RESULTS_DIR).removesuffix(".json") for p in _RECORDS}
+
+
+def _lowest_allowed(pin) -> str:
+    """The lowest version a pin such as '>=0.10.2,<0.11' or '==2.13.0' allows."""
+    return next(version for operator, version in pin if operator in (">=", "=="))
+
+
+def _clean_record() -> dict:
+    """A record as records.new writes one at a clean commit, with software at the pins' lowest versions."""
+    pins = records.pins()
+    software = {package: _lowest_allowed(pins[package]) for package in ("python", "jax", "flax", "optax", "numpy")}
+    software |= {"orbax-checkpoint": _lowest_allowed(pins["orbax-checkpoint"]), "jaxlib": software["jax"]}
+    return {
+        "measurement": "a synthetic measurement",
+        "command": "python -m benchmarks.example --steps=3",
+        "date": "-".join(("2000", "01", "31")) + "T00:00:00+00:00",
+        "commit": "0123456789abcdef" * 2 + "01234567",
+        "uncommitted_changes": False,
+        "machine": {"cpu_model": "a CPU", "cpu_kind": "cpu-avx2", "cores": 2},
+        "software": software | {"torch": _lowest_allowed(pins["torch"]) + "+cpu"},  # A local label is within '=='.
+        "figures": {"seconds": 1.0},
+    }
+
+
+def test_a_record_written_at_a_clean_commit_passes_and_is_written_under_the_results(tmp_path):
+    record = _clean_record()
+    assert records.problems(record) == []
+    records.write(record, str(tmp_path / "example"), ["| a |"], results_dir=str(tmp_path))
+    assert records.read("example", str(tmp_path)) == record
 
 
 @pytest.mark.parametrize(
-    "features, examples, parsed_by_protobuf",
+    "change, problem",
     [
-        (
-            {"en": tfds.features.Text(), "de": tfds.features.Text()},
-            [{"en": "Öffnen", "de": ""}, {"en": "a b", "de": "ß"}],
-            True,
-        ),
-        (tfds.features.Translation(languages=["de", "en"]), [{"en": "Open", "de": "Öffnen"}], True),
-        (  # Not all text, or text that may be missing: decoded by the features.
-            {"text": tfds.features.Text(), "label": tfds.features.ClassLabel(names=["no", "yes"])},
-            [{"text": "x", "label": 1}, {"text": "", "label": 0}],
-            False,
-        ),
-        (
-            {"text": tfds.features.Text(), "note": tfds.features.Text(optional=True)},
-            [{"text": "x", "note": None}, {"text": "y", "note": "z"}],
-            False,
-        ),
+        ({"uncommitted_changes": True}, "written from a working tree with uncommitted changes"),
+        ({"uncommitted_changes": None}, "whether the working tree was clean is unknown"),
+        ({"command": ""}, "no command"),
+        ({"command": None}, "no command"),
+        ({"machine": None}, "no machine"),
+        ({"commit": "0123456"}, "is not a full commit hash"),
+        ({"software": {"python": "3.11.7"}}, "no jax version"),
+        ({"software": None}, "no software"),
+        ({"software": {**_clean_record()["software"], "jax": "0.11.2"}}, "outside pyproject.toml's pins"),
+        ({"software": {**_clean_record()["software"], "torch": "2.14.0"}}, "torch 2.14.0"),
+        ({"software": {**_clean_record()["software"], "python": "3.10.12"}}, "python 3.10.12"),
     ],
+    ids=lambda value: str(value)[:40],
 )
-def test_the_record_source_decodes_as_the_features_do(tmp_path, monkeypatch, features, examples, parsed_by_protobuf):
-    if isinstance(features, dict):
-        features = tfds.features.FeaturesDict(features)
-    path = str(tmp_path / "records.array_record")
-    writer = ArrayRecordWriter(path, "group_size:1")
-    for example in examples:
-        writer.write(features.serialize_example(example))
-    writer.close()
-    expected = [features.deserialize_example_np(features.serialize_example(example)) for example in examples]
-    if parsed_by_protobuf:  # The features' own decoding (~10x slower) is not called.
-        monkeypatch.setattr(type(features), "deserialize_example_np", lambda *_: pytest.fail("decoded by the features"))
-    source = ArrayRecordSource([path], [len(examples)], features)
-    for index, example in enumerate(expected):
-        decoded = source[index]
-        assert decoded.keys() == example.keys()
-        for key in example:
-            assert type(decoded[key]) is type(example[key]) and decoded[key] == example[key], (key, decoded)
+def test_the_check_rejects_a_record_that_is_not_what_a_command_wrote_at_a_commit(tmp_path, capsys, change, problem):
+    record = _clean_record() | change
+    assert any(problem in found for found in records.problems(record)), records.problems(record)
+    with pytest.raises(SystemExit) as refused:  # Not under docs/results/.
+        records.write(record, str(tmp_path / "results" / "example"), results_dir=str(tmp_path / "results"))
+    assert refused.value.code == 2 and not os.path.exists(tmp_path / "results" / "example.json")
+    message = capsys.readouterr().err
+    assert message.startswith("error: not written to ") and problem in message and message.count("\n") == 1
 
 
-def test_text_records_are_written_as_the_features_write_them():
-    """The builder's own encoder: the same tf.train.Example as TFDS's serializer, decoded by the features alike."""
-    features = tfds.features.FeaturesDict({"en": tfds.features.Text(), "de": tfds.features.Text()})
-    for example in ({"en": "Open the file.", "de": "Öffnen Sie die Datei."}, {"en": "ß – 日本 \t", "de": "x"}):
-        written = encode_text_example(example)
-        parsed = tf_example_pb2.Example.FromString(written)
-        assert parsed == tf_example_pb2.Example.FromString(features.serialize_example(example))
-        assert features.deserialize_example_np(written) == {key: text.encode() for key, text in example.items()}
+def test_a_record_from_uncommitted_changes_is_written_elsewhere_and_says_so(tmp_path):
+    """A test's or a development run's --output outside docs/results/."""
+    record = _clean_record() | {"uncommitted_changes": True}
+    records.write(record, str(tmp_path / "elsewhere" / "example"), results_dir=str(tmp_path / "results"))
+    assert records.read("example", str(tmp_path / "elsewhere"))["uncommitted_changes"] is True
+    assert "with uncommitted changes" in (tmp_path / "elsewhere" / "example.md").read_text()
 
 
-def test_a_text_record_without_a_feature_is_an_error_naming_it(tmp_path):
-    written = tfds.features.FeaturesDict({"en": tfds.features.Text()})
-    path = str(tmp_path / "records.array_record")
-    writer = ArrayRecordWriter(path, "group_size:1")
-    writer.write(written.serialize_example({"en": "Open"}))
-    writer.close()
-    read_as = tfds.features.FeaturesDict({"en": tfds.features.Text(), "de": tfds.features.Text()})
-    with pytest.raises(ValueError, match=r"Record 0 holds 0 values of its text feature 'de'"):
-        ArrayRecordSource([path], [1], read_as)[0]
+def test_software_outside_the_pins_passes_where_the_record_says_why():
+    record = _clean_record()
+    record["software"] |= {"jax": "0.11.2", "jaxlib": "0.11.2"}
+    assert records.problems(record)
+    assert records.problems(record | {"software_note": "the GPU image's jax; the pins' has no wheel there"}) == []
 
 
-def _write_records(path: str, count: int) -> None:
-    writer = ArrayRecordWriter(path, "group_size:1,uncompressed")  # Records findable in the bytes.
-    for index in range(count):
-        writer.write(encode_text_example({"en": f"Open file {index}.", "de": f"Datei {index} öffnen."}))
-    writer.close()
+@pytest.mark.parametrize("path", _DOCS, ids=lambda path: os.path.relpath(path, REPO_ROOT))
+def test_the_guide_cites_no_commit_or_date(path):
+    with open(path, encoding="utf-8") as page:
+        text = page.read()
+    assert not _COMMIT.findall(text) and not _DATE.findall(text)
 
 
-@pytest.mark.parametrize("damage", ["missing", "truncated", "overwritten"])
-def test_a_damaged_prepared_shard_is_one_error_naming_it_and_the_fix(tmp_path, damage):
-    """Not an IndexError from an empty reader (ArrayRecord opens a truncated or missing file as one), nor Riegeli's
-    hash mismatch without a path: the shard, what is wrong, and which folder to delete to prepare it again."""
-    features = tfds.features.FeaturesDict({"en": tfds.features.Text(), "de": tfds.features.Text()})
-    intact, path = str(tmp_path / "intact.array_record"), str(tmp_path / "split" / "damaged.array_record")
-    _write_records(intact, 200)
-    os.makedirs(os.path.dirname(path))
-    with open(intact, "rb") as f:
-        data = f.read()
-    if damage == "truncated":
-        data = data[: len(data) // 2]
-    elif damage == "overwritten":  # One record's bytes: the file opens, that record does not read.
-        data = data.replace(b"Open file 100.", b"Open file 1OO.")
-    if damage != "missing":
-        with open(path, "wb") as f:
-            f.write(data)
-    source = ArrayRecordSource([intact, path], [200, 200], features)
-    assert source[199]["en"] == b"Open file 199."  # The intact shard reads on.
-    with pytest.raises(UserInputError) as raised:
-        for index in range(200, 400):
-            source[index]
-    message = str(raised.value)
-    expected = {"missing": "(missing)", "truncated": "(unreadable, where", "overwritten": "(record 100: Corrupted"}
-    assert message.startswith(f"The prepared records {path} are damaged {expected[damage]}")
-    assert f"delete {os.path.dirname(path)} and run again" in message and "\n" not in message
+@pytest.mark.parametrize("path", _DOCS, ids=lambda path: os.path.relpath(path, REPO_ROOT))
+def test_the_guide_links_files_that_exist(path):
+    with open(path, encoding="utf-8") as page:
+        targets = [target for target, _ in _LINK.findall(page.read()) if "://" not in target]
+    missing = [t for t in targets if not os.path.exists(os.path.join(os.path.dirname(path), t))]
+    assert not missing
 
 
-def test_a_prepared_split_with_a_shard_missing_is_read_from_its_files_and_fails_naming_it(tmp_path, corpus_dir):
-    """Not through TFDS's reader (~55 ms a read), which would fail later with its own error."""
-    config = config_for(corpus_dir, tmp_path)
-    builder = datasets.make_builder(config.dataset, str(tmp_path / "work"), required_splits=SPLITS)
-    path = builder.info.splits["train"].filepaths[0]
-    os.remove(path)
-    source = datasets.records(builder, "train")
-    assert isinstance(source, ArrayRecordSource)
-    with pytest.raises(UserInputError, match=r"are damaged \(missing\)"):
-        source[0]
+def test_code_says_why_not_when():
+    cited = {}
+    for path in _code_files():
+        with open(path, encoding="utf-8") as source:
+            prose = _prose(source.read())
+        if found := _COMMIT.findall(prose) + _DATE.findall(prose):
+            cited[os.path.relpath(path, REPO_ROOT)] = found
+    assert not cited
 
 
-def test_a_second_start_does_not_read_the_text_files(tmp_path, corpus_dir):
-    config = config_for(corpus_dir, tmp_path)
-    workdir = str(tmp_path / "work")
-    first = load_corpus(config, workdir, SPLITS, allow_training_tokenizer=True)
-    prepared = sorted(os.listdir(tmp_path / "tfds" / "parallel_text"))
-
-    # Every file becomes bytes that are not UTF-8, with its size and times kept: reading any line of it
-    # fails (checking, preparing), yet the fingerprint of names, sizes and times is unchanged.
-    times = {}
-    for name in os.listdir(corpus_dir):
-        path = os.path.join(corpus_dir, name)
-        stat = os.stat(path)
-        times[path] = (stat.st_atime_ns, stat.st_mtime_ns)
-        with open(path, "wb") as f:
-            f.write(b"\xff" * stat.st_size)
-        os.utime(path, ns=times[path])
-
-    second = load_corpus(config, workdir, SPLITS, allow_training_tokenizer=True)
-    assert record_pairs(second.train_records) == record_pairs(first.train_records)
-    for split in ("valid", "test"):
-        assert second.text[split] == first.text[split]
-    assert sorted(os.listdir(tmp_path / "tfds" / "parallel_text")) == prepared
-
-    # The control: files that changed (a new time) are checked again, and these fail.
-    path = os.path.join(corpus_dir, "train.en")
-    os.utime(path, ns=(times[path][0], times[path][1] + 1_000_000_000))
-    with pytest.raises(UserInputError, match=rf"{path}, line 1: bytes that are not UTF-8"):
-        load_corpus(config, workdir, SPLITS, allow_training_tokenizer=True)
+def test_the_checks_catch_what_they_look_for():
+    # Made-up citations, built here so that this file cites none itself.
+    first, second, date = "dead" + "b33f", "c0ffee" + "1", "-".join(("2000", "01", "31"))
+    assert _COMMIT.findall(f"measured at commit {first} (and {second})") == [first, second]
+    assert not _COMMIT.findall("a trim threshold of 4611686018427387904, page 01060300.html")
+    assert _DATE.findall(f"on {date} at 23:57") == [date]
+    prose = _prose(f'"""Measured on {date}."""\nx = "{first}"  # at commit {second}\n')
+    assert _DATE.findall(prose) == [date] and _COMMIT.findall(prose) == [second]  # Not the string's value.
 
 
-def test_corpus_keeps_train_on_disk_and_tokenizes_the_evaluation_splits(tmp_path, corpus_dir):
-    config = config_for(corpus_dir, tmp_path)
-    workdir = str(tmp_path / "work")
-    corpus = load_corpus(config, workdir, SPLITS, allow_training_tokenizer=True)
-
-    assert corpus.tokenizer_path == Workdir(workdir).tokenizer and os.path.isfile(corpus.tokenizer_path)
-    assert (corpus.source_lang, corpus.target_lang) == LANGS
-    assert record_pairs(corpus.train_records) == file_pairs(corpus_dir, "train")
-    assert sorted(corpus.text) == sorted(corpus.ids) == ["test", "valid"]  # No train text or ids.
-    for split in ("valid", "test"):
-        pairs = file_pairs(corpus_dir, split)
-        expected_text = datasets.TextPairs([s for s, _ in pairs], [t for _, t in pairs])
-        assert corpus.text[split] == expected_text
-        expected = datasets.tokenize(expected_text, corpus.tokenizer)
-        for side in ("sources", "targets"):
-            assert [list(x) for x in getattr(corpus.ids[split], side)] == [list(x) for x in getattr(expected, side)]
-
-    # Evaluating a trained workdir: no training split.
-    evaluated = load_corpus(config, workdir, ("test",), allow_training_tokenizer=False)
-    assert evaluated.train_records is None and sorted(evaluated.ids) == ["test"]
+def test_a_record_keeps_the_software_note_its_command_was_given():
+    """Every script that writes records takes --software_note, through common/records.py."""
+    script = (
+        "import sys; from absl import flags; from common import records; flags.FLAGS(sys.argv); "
+        "print(records.new('m', figures={'a': 1})['software_note'])"
+    )
+    run = subprocess.run(
+        [sys.executable, "-c", script, "--software_note=the image's jax"],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
+    )
+    assert run.stdout == "the image's jax\n"
 
 
-class CountingSource:
-    """A data source that counts the records read from it (and refuses to be iterated whole)."""
-
-    def __init__(self, source):
-        self.source, self.records_read = source, 0
-
-    def __len__(self):
-        return len(self.source)
-
-    def __getitem__(self, index):
-        self.records_read += 1
-        return self.source[index]
-
-    def __getitems__(self, indices):
-        self.records_read += len(indices)
-        return self.source.__getitems__(indices)
-
-    def __iter__(self):
-        raise AssertionError("the whole split was iterated")
+@pytest.mark.parametrize("version", ["0.9.9", "0.10.1", "0.10.2", "0.10.10", "0.11", "0.11.0", "2.13.0+cpu", "2.14"])
+def test_the_pins_are_read_as_pip_reads_them(version):
+    """records.py reads pyproject.toml without `packaging` (bare GPU images lack it); here packaging is the judge."""
+    with open(os.path.join(REPO_ROOT, "pyproject.toml"), "rb") as file:
+        project = tomllib.load(file)["project"]
+    specifiers = {}
+    for text in [*project["dependencies"], *(r for extra in project["optional-dependencies"].values() for r in extra)]:
+        requirement = Requirement(text)
+        name = canonicalize_name(requirement.name)
+        specifiers[name] = specifiers.get(name, requirement.specifier) & requirement.specifier
+    pins = records.pins()
+    for name, specifier in specifiers.items():
+        pip_allows = specifier.contains(version, prereleases=True)
+        assert (not records.outside_pins({name: version}, pins)) == pip_allows, (name, version, str(specifier))
 
 
-@pytest.fixture
-def train_records(tmp_path, corpus_dir):
-    builder = datasets.make_builder(config_for(corpus_dir, tmp_path).dataset, str(tmp_path / "w"), ("train",))
-    return datasets.records(builder, "train")
-
-
-def test_tokenizer_sample_is_seeded_bounded_and_read_by_random_access(train_records):
-    sources, targets = (list(side) for side in zip(*record_pairs(train_records)))
-    counting = CountingSource(train_records)
-    sample = datasets.sample_sentences(counting, LANGS, 100, seed=3)
-
-    # The sentences today's in-memory draw picks from the list of all sentences, in its order.
-    assert sample == random.Random(3).sample(sources + targets, 100)
-    assert 0 < counting.records_read <= 100  # Only records holding a picked sentence.
-    assert datasets.sample_sentences(train_records, LANGS, 100, seed=3) == sample
-    assert datasets.sample_sentences(train_records, LANGS, 100, seed=4) != sample
-    # No more sentences than there are: all of them, sources then targets.
-    assert datasets.sample_sentences(train_records, LANGS, 10_000, seed=3) == sources + targets
-
-
-def test_a_split_without_a_whole_pair_is_a_user_error(tmp_path):
-    folder = tmp_path / "corpus"
-    folder.mkdir()
-    (folder / "train.en").write_text("one\n\nthree\n\n", encoding="utf-8")
-    (folder / "train.de").write_text("\nzwei\n\nvier\n", encoding="utf-8")  # Each file has text; no pair has both.
-    config = config_for(str(folder), tmp_path)
-    with pytest.raises(UserInputError, match=r"train\.en and .*train\.de hold no pair with text on both sides"):
-        datasets.make_builder(config.dataset, str(tmp_path / "work"), required_splits=("train",))
+def test_the_decoding_row_shows_the_engines_searches_and_processes_its_record_has():
+    """A record of this project alone, greedy alone, no whole processes: no CTranslate2, beam 4 or process figures."""
+    row = {"engine": "this project, auto", "beam_size": 1, "output_subwords_per_second": 1234.4}
+    cell = results_table._decode_speed({"rows": [row], "whole_processes": [], "lines": 40})
+    assert (
+        cell
+        == "the whole test split (40 lines), greedy. Decoding alone, output subwords/s, compiled: ours 'auto' 1,234"
+    )
+    ct2 = {"engine": "CTranslate2, float32", "beam_size": 4, "output_subwords_per_second": 99.0}
+    process = {"command": "CTranslate2, float32", "beam_size": 4, "seconds": 2.0}
+    cell = results_table._decode_speed({"rows": [row, ct2], "whole_processes": [process], "lines": 40})
+    assert "greedy / beam 4, as whole processes" in cell and "CTranslate2 float32 - / 2.0 s" in cell
+    assert cell.endswith(
+        "compiled (CTranslate2 in a process of its own): ours 'auto' 1,234 / -; CTranslate2 float32 - / 99"
+    )
