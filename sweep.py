@@ -23,6 +23,8 @@ from absl import app, flags
 from common import io_errors, records
 from sweeps import plots, report, runner, train_processes
 
+records.define_software_note_flag()
+
 _SWEEP = flags.DEFINE_string("sweep", None, "Sweep file (configs/sweeps/*.py): a base config and named variants.")
 _ROOT = flags.DEFINE_string("root", None, "Folder of the sweep's runs (<root>/<variant>/seed_<k>) and results.")
 _SEEDS = flags.DEFINE_integer("seeds", 3, "Seeds per variant: 0, 1, ..., N-1.", lower_bound=1)

@@ -40,6 +40,8 @@ from common import records
 from input_pipeline import synthetic
 from models.build import make_model
 
+records.define_software_note_flag()
+
 SECTIONS = ("step", "dtypes", "copy", "attention", "max_batch")
 _SIZES = flags.DEFINE_list("sizes", ["base", "big"], "Model sizes to check, in turn: tiny, base, big.")
 _SECTIONS = flags.DEFINE_list("sections", list(SECTIONS), "Sections to run (docs/accelerator_check.md).")

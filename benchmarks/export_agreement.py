@@ -43,6 +43,8 @@ from training.config_checks import validate_config
 from training.reporting.logs import quiet_library_logs
 from training.tasks import translation
 
+records.define_software_note_flag()
+
 _WORKDIR = flags.DEFINE_string("workdir", None, "The trained run.", required=True)
 _SOURCES = flags.DEFINE_string("sources", "data/libreoffice_help_en_de/test.en.gz", "Source sentences, one a line.")
 _REFERENCES = flags.DEFINE_string("references", "data/libreoffice_help_en_de/test.de.gz", "Their references.")

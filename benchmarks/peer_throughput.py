@@ -38,6 +38,8 @@ from training import flops, step_options
 from training.reporting.logs import quiet_library_logs
 from training.runtime import compilation_cache, host_memory
 
+records.define_software_note_flag()
+
 # name -> (compute dtype, dropout rate).
 VARIANTS = {
     "float32": ("float32", 0.1),

@@ -12,6 +12,7 @@ machine gives a row per machine. The table lies between the README's `results:be
 import dataclasses
 import glob
 import os
+import shlex
 import sys
 from collections.abc import Callable
 
@@ -33,197 +34,179 @@ def _minutes(seconds: float) -> str:
 def _quickstart(figures: dict) -> str:
     run = figures["evaluations"]["train + evaluation"]
     return (
-        f"{_minutes(run['wall_seconds'])}, {run['peak_rss_bytes'] / 1e9:.2f} GB peak RSS; "
-        f"test BLEU {run['bleu']:.2f}, chrF {run['chrf']:.1f} ({run['decoding']}, {run['num_sentences']:,} pairs)"
+        f"{_minutes(run['wall_seconds'])}, {run['peak_rss_bytes'] / 1e9:.2f} GB peak RSS; test BLEU {run['bleu']:.2f}"
     )
 
 
 def _beam(figures: dict) -> str:
     beam = next(run for name, run in figures["evaluations"].items() if name.startswith("evaluation, beam"))
-    return f"test BLEU {beam['bleu']:.2f}, chrF {beam['chrf']:.1f} ({beam['decoding']})"
+    return f"test BLEU {beam['bleu']:.2f} ({beam['decoding']})"
 
 
 def _peer(figures: dict) -> str:
     variants = figures["variants"]
-    ratios = [(dtype, variants[dtype]["ratio"]) for dtype in ("bfloat16", "float32") if dtype in variants]
-    cell = ", ".join(
-        f"{ratio:.2f}× PyTorch's target tokens/s in {dtype}" if i == 0 else f"{ratio:.2f}× in {dtype}"
-        for i, (dtype, ratio) in enumerate(ratios)
-    )
-    return cell + (f"; bfloat16 MFU {variants['bfloat16']['mfu']:.0%}" if "bfloat16" in variants else "")
+    ratios = [f"{variants[dtype]['ratio']:.2f}× in {dtype}" for dtype in ("bfloat16", "float32") if dtype in variants]
+    return "PyTorch's target tokens/s " + ", ".join(ratios)
 
 
 def _peer_on_accelerator(figures: dict) -> str:
-    ours, compiled = figures["contenders"]["default"], figures["contenders"]["torch_compile"]
-    return (
-        f"{ours['step_ms']:.1f} ms a step, {ours['vs_torch_compile']:.2f}× `torch.compile`'s target tokens/s "
-        f"({compiled['step_ms']:.1f} ms), {ours['vs_torch']:.2f}× eager's; MFU {ours['mfu']:.0%}"
-    )
+    ours = figures["contenders"]["default"]
+    return f"{ours['vs_torch_compile']:.2f}× `torch.compile`'s target tokens/s, {ours['vs_torch']:.2f}× eager's"
 
 
 def _workflow(figures: dict) -> str:
     phases = figures["phases"]
     scores = [
-        f"test BLEU {phases[name]['test']['bleu']:.2f} {phases[name]['test']['decoding']}"
+        f"BLEU {phases[name]['test']['bleu']:.2f} {phases[name]['test']['decoding'].split(',')[0]}"
         for name in ("train", "beam")
         if "test" in phases.get(name, {})
     ]
-    verdict = "every phase passed" if figures["passed"] else "FAILED"
-    return f"{verdict} in {_minutes(figures['wall_seconds'])}; " + ", ".join(scores)
+    verdict = "every phase passed" if figures["passed"] else "ran"
+    return f"{verdict} in {_minutes(figures['wall_seconds'])}; test " + ", ".join(scores)
 
 
 def _accelerator(figures: dict) -> str:
-    def speed(step: dict) -> str:
-        return f"{step['target_tokens_per_s']:,.0f} at {step['target_positions']:,} (MFU {step['mfu']:.0%})"
-
-    cells = []
-    for size in ("base", "big"):
-        runs = [figures.get(size, {}).get(section, {}) for section in ("step", "max_batch")]
-        if measured := [speed(run) for run in runs if "mfu" in run]:
-            cells.append(f"{size}: " + ", ".join(measured))
-    return "target tokens/s at target positions a batch: " + "; ".join(cells)
+    cells = [
+        f"{size} {step['target_tokens_per_s']:,.0f} (MFU {step['mfu']:.0%})"
+        for size in ("base", "big")
+        if "mfu" in (step := figures.get(size, {}).get("max_batch") or figures.get(size, {}).get("step") or {})
+    ]
+    return "target tokens/s at the largest batch: " + ", ".join(cells)
 
 
 def _classification(figures: dict) -> str:
     run = figures["evaluations"]["train + evaluation"]
+    return f"test accuracy {run['accuracy']:.3f} (majority class {run['majority_accuracy']:.3f})"
+
+
+def _export_agreement(figures: dict) -> str:
+    def greedy(engine: str) -> str:
+        row = next(r for r in figures["rows"] if r["engine"] == engine and r["decoding"] == "greedy")
+        return f"{row['identical_lines'] / row['lines']:.2%}"
+
     return (
-        f"{_minutes(run['wall_seconds'])}; test accuracy {run['accuracy']:.3f}, macro-F1 {run['macro_f1']:.3f} "
-        f"(majority class {run['majority_accuracy']:.3f})"
-    )
-
-
-def _bf16_or_float32(record: dict) -> str:
-    """What `model.dtype='auto'` computes in on the record's CPU: bf16 where it has bf16 matmul instructions."""
-    return "bf16" if {"amx_bf16", "avx512_bf16"} & set(record["machine"].get("cpu_matmul_features", ())) else "float32"
-
-
-def _export_agreement(record: dict) -> str:
-    rows = record["figures"]["rows"]
-
-    def greedy(engine: str) -> dict:
-        return next(r for r in rows if r["engine"] == engine and r["decoding"] == "greedy")
-
-    def share(identical: int, row: dict) -> str:
-        return f"{identical / row['lines']:.2%}"
-
-    engines = {"CTranslate2": greedy("CTranslate2, float32"), "Hugging Face": greedy("Hugging Face, float32")}
-    own = ", ".join(f"{name} {share(row['identical_lines'], row)}" for name, row in engines.items())
-    one = ", ".join(f"{name} {share(row['one_budget']['identical_lines'], row)}" for name, row in engines.items())
-    auto = next(r for r in rows if "'auto'" in r["engine"] and r["decoding"] == "greedy")
-    return (
-        f"greedy lines identical to this project's greedy decoding forced to float32, each sentence at its length "
-        f"budget: {own} (at the engines' one budget: {one}); `translate.py` in its default dtype ('auto': "
-        f"{_bf16_or_float32(record)} on this CPU) gives those lines on {share(auto['identical_lines'], auto)}"
+        f"greedy lines as ours in float32: CTranslate2 {greedy('CTranslate2, float32')}, "
+        f"Hugging Face {greedy('Hugging Face, float32')}"
     )
 
 
 def _decode_speed(figures: dict) -> str:
-    """Whole processes' seconds and decoding's output subwords/s, by beam size, of the engines the record has."""
+    """Decoding's output subwords/s by beam size: this project's 'auto', and CTranslate2 float32 where it ran."""
     beams = sorted({row["beam_size"] for row in figures["rows"]})
+    engines = (("ours 'auto'", "this project, auto"), ("CTranslate2 float32", "CTranslate2, float32"))
 
-    def by_beam(entries: list[dict], name_field: str, name: str, value_field: str, form: str) -> str:
-        values = {entry["beam_size"]: entry[value_field] for entry in entries if entry[name_field] == name}
-        return " / ".join(f"{values[beam]:{form}}" if beam in values else "-" for beam in beams)
+    def by_beam(engine: str) -> str:
+        speeds = {r["beam_size"]: r["output_subwords_per_second"] for r in figures["rows"] if r["engine"] == engine}
+        return " / ".join(f"{speeds[beam]:,.0f}" if beam in speeds else "-" for beam in beams)
 
-    def seconds(command: str) -> str:
-        return by_beam(figures["whole_processes"], "command", command, "seconds", ".1f") + " s"
-
-    commands = {process["command"] for process in figures["whole_processes"]}
-
-    def processes_of(named: tuple[tuple[str, str], ...]) -> str:
-        """'name seconds' of each (name, command) the record has; translate.py's with its cached run."""
-        return "; ".join(
-            f"{name} {seconds(command)}"
-            + (f" (cached: {seconds(command + ', cached')})" if "translate" in command else "")
-            for name, command in named
-            if command in commands
-        )
-
-    processes = processes_of(
-        (
-            ("`translate.py` float32, compiling", "translate.py, float32"),
-            ("`translate.py` 'auto', compiling", "translate.py, auto"),
-            ("CTranslate2 float32", "CTranslate2, float32"),
-            ("int8", "CTranslate2, int8"),
-        )
-    )
-    engines = {row["engine"] for row in figures["rows"]}
-    in_process = "; ".join(
-        f"{name} {by_beam(figures['rows'], 'engine', engine, 'output_subwords_per_second', ',.0f')}"
-        for name, engine in (
-            ("ours float32", "this project, float32"),
-            ("ours 'auto'", "this project, auto"),
-            ("CTranslate2 float32", "CTranslate2, float32"),
-            ("int8", "CTranslate2, int8"),
-        )
-        if engine in engines
-    )
-    start_up = processes_of(
-        (
-            ("`translate.py` float32", "translate.py, float32, one line"),
-            ("CTranslate2 float32", "CTranslate2, float32, one line"),
-        )
-    )
+    present = {row["engine"] for row in figures["rows"]}
     searches = " / ".join("greedy" if beam == 1 else f"beam {beam}" for beam in beams)
-    apart = " (CTranslate2 in a process of its own)" if any(e.startswith("CTranslate2") for e in engines) else ""
-    cell = f"the whole test split ({figures['lines']:,} lines), {searches}"
-    if processes:
-        cell += (
-            ", as whole processes (start, load, compile, decode, write; cached: the programs read from the compilation "
-            f"cache a first run wrote): {processes}"
-        )
-    if start_up:
-        cell += f"; the first line alone (start-up): {start_up}"
-    return cell + f". Decoding alone, output subwords/s, compiled{apart}: {in_process}"
-
-
-def _figures(cell: Callable[[dict], str]) -> Callable[[dict], str]:
-    """A cell made from the record's figures alone."""
-    return lambda record: cell(record["figures"])
+    return f"output subwords/s, {searches}: " + "; ".join(
+        f"{name} {by_beam(engine)}" for name, engine in engines if engine in present
+    )
 
 
 @dataclasses.dataclass(frozen=True)
 class Row:
     what: str
     records: str  # A glob of record names under docs/results/, one row per match.
-    result: Callable[[dict], str]  # The result's cell, from the record.
+    result: Callable[[dict], str]  # The result's cell, from the record's figures.
 
 
 ROWS = (
-    Row("quick-start: the main command, from an empty workdir", "quickstart_*", _figures(_quickstart)),
-    Row("quick-start's checkpoint, beam search", "quickstart_*", _figures(_beam)),
+    Row("quick-start: the main command, from an empty workdir", "quickstart_*", _quickstart),
+    Row("quick-start's checkpoint, beam search", "quickstart_*", _beam),
     Row(
-        "the README's workflow on a GPU: cuDNN attention at length 64, main command, beam 4, translate, export",
+        "the README's workflow on a GPU: main command, beam 4, translate, export; cuDNN against XLA attention",
         "workflow_check_gpu",
-        _figures(_workflow),
+        _workflow,
     ),
-    Row("train step against PyTorch 2.13 eager `nn.Transformer` (config R)", "peer_throughput_cpu*", _figures(_peer)),
+    Row("train step against PyTorch 2.13 eager `nn.Transformer` (config R)", "peer_throughput_cpu*", _peer),
     Row(
         "Transformer-base train step (bf16, 96 × 256) against PyTorch eager and `torch.compile`",
         "peer_throughput_base_*",
-        _figures(_peer_on_accelerator),
+        _peer_on_accelerator,
     ),
-    Row("classification of the bundled help topics (7 classes)", "classify_*", _figures(_classification)),
+    Row("classification of the bundled help topics (7 classes)", "classify_*", _classification),
     Row("quick-start model exported, translating the test set", "export_agreement_*", _export_agreement),
     Row(
-        "decoding speed of the whole test split, beside CTranslate2 where it ran",
+        "decoding the whole test split, beside CTranslate2 where it ran",
         "decode_speed_*",
-        _figures(_decode_speed),
+        _decode_speed,
     ),
     Row(
         "Transformer-base and -big train step, bf16, one device",
         "accelerator_check_base_big_*",
-        _figures(_accelerator),
+        _accelerator,
     ),
 )
 # Rows without a record: what they are, in words.
 LINKS = (
     (
         "the paper's Table 3 at the bundled corpus's scale",
-        "not a record yet: [docs/ablations.md](docs/ablations.md#results) gives the sweep and its commands; its table "
-        "came from older code and is to be generated again",
+        "not a record yet: [docs/ablations.md](docs/ablations.md#results) gives the sweep and its commands",
     ),
 )
+
+
+_NOT_RECORDS = ":(exclude)common/records.py"  # A git pathspec.
+# The code each program's figures depend on, by the program that writes the records (as `python -m` names it): a
+# later commit that changes any of it marks the program's records as measured on older code. Writing a record is not
+# what a record measures: common/records.py is left out.
+_TRAINING = ("train.py", "configs/", "models/", "input_pipeline/", "training/", "common/", "data/", _NOT_RECORDS)
+_TRAIN_STEP = (
+    "models/",
+    "training/steps.py",
+    "training/state.py",
+    "training/losses.py",
+    "training/optimizer.py",
+    "training/step_options.py",
+    "training/flops.py",
+    "training/runtime/",
+    "configs/default.py",
+    "benchmarks/config_r.py",
+)
+_DECODING = (
+    "models/",
+    "training/inference.py",
+    "training/tasks/translation.py",
+    "training/tasks/translation_eval.py",
+    "input_pipeline/batching.py",
+    "input_pipeline/tokenizer.py",
+)
+MEASURED_PATHS = {
+    "benchmarks.training_run": (*_TRAINING, "benchmarks/training_run.py"),
+    "benchmarks.workflow_check": (
+        *_TRAINING,
+        "translate.py",
+        "export.py",
+        "exporting/",
+        "benchmarks/workflow_check.py",
+    ),
+    "benchmarks.peer_throughput": (*_TRAIN_STEP, "benchmarks/peer_throughput.py", "benchmarks/step_variants.py"),
+    "benchmarks.step_profile": (*_TRAIN_STEP, "benchmarks/step_profile.py", "benchmarks/xla_profile.py"),
+    "benchmarks.accelerator_check": (
+        *_TRAIN_STEP,
+        "configs/tiny.py",
+        "input_pipeline/synthetic.py",
+        "benchmarks/accelerator_check.py",
+        "benchmarks/accelerator_step.py",
+    ),
+    "benchmarks.decode_speed": (
+        *_DECODING,
+        "translate.py",
+        "exporting/",
+        "benchmarks/decode_speed.py",
+        "benchmarks/ctranslate2_engine.py",
+    ),
+    "benchmarks.export_agreement": (
+        *_DECODING,
+        "exporting/",
+        "benchmarks/export_agreement.py",
+        "benchmarks/ctranslate2_engine.py",
+    ),
+    "sweep": (*_TRAINING, "sweep.py", "sweeps/"),
+}
 
 
 def _machine(record: dict) -> str:
@@ -238,16 +221,57 @@ def _machine(record: dict) -> str:
     return described
 
 
-def table(results_dir: str = records.RESULTS_DIR) -> list[str]:
-    """The table's lines, from the records in `results_dir`."""
+def _program(command: str) -> str:
+    """The program a record's command ran, as a module name: 'benchmarks.decode_speed', 'sweep'."""
+    arguments = shlex.split(command)[1:]
+    program = arguments[1] if arguments[0] == "-m" else arguments[0].removesuffix(".py").replace("/", ".")
+    return program
+
+
+def _failed_checks(figures, where: tuple[str, ...] = ()) -> list[str]:
+    """Where `figures` hold `passed: false`, as the keys leading there ('base copy'); '' for the figures' own."""
+    if isinstance(figures, list):
+        return [found for item in figures for found in _failed_checks(item, where)]
+    if not isinstance(figures, dict):
+        return []
+    found = [" ".join(where)] if figures.get("passed") is False else []
+    return found + [f for key, value in figures.items() for f in _failed_checks(value, (*where, str(key)))]
+
+
+def _result(row: Row, figures: dict) -> str:
+    failed = _failed_checks(figures)
+    verdict = "FAILED" + (f" ({', '.join(failed)})" if any(failed) else "") + ": " if failed else ""
+    return verdict + row.result(figures)
+
+
+def _staleness(record: dict) -> str:
+    """'' where the code the record measured is unchanged since its commit; else how much has changed."""
+    changed = records.commits_since(record["commit"], MEASURED_PATHS[_program(record["command"])])
+    if changed is None:
+        return "; its commit is not in this clone's history, so whether its code changed since is unknown"
+    return f"; measured on older code: {changed} later commit{'s' if changed > 1 else ''} changed it" if changed else ""
+
+
+def table(
+    results_dir: str = records.RESULTS_DIR, problems: Callable[[dict], list[str]] = records.problems
+) -> list[str]:
+    """The table's lines, from the records in `results_dir` that pass `problems`; then a line naming those left out."""
     lines = ["| what | result | machine | record |", "|---|---|---|---|"]
+    left_out = {}
     for row in ROWS:
         for path in sorted(glob.glob(os.path.join(results_dir, row.records + ".json"))):
             name = os.path.basename(path).removesuffix(".json")
             record = records.read(name, results_dir)
             page = os.path.relpath(os.path.join(results_dir, name + ".md"), records.REPO_ROOT)
-            lines.append(f"| {row.what} | {row.result(record)} | {_machine(record)} | [{name}]({page}) |")
+            if found := problems(record):
+                left_out[f"[{name}]({page})"] = "; ".join(problem.split(":")[0] for problem in found)
+                continue
+            link = f"[{name}]({page}){_staleness(record)}"
+            lines.append(f"| {row.what} | {_result(row, record['figures'])} | {_machine(record)} | {link} |")
     lines += [f"| {what} | {link} | | |" for what, link in LINKS]
+    if left_out:
+        named = ", ".join(f"{link} ({why})" for link, why in left_out.items())
+        lines += ["", f"Left out, as their records fail the records check (`common/records.py`): {named}."]
     return lines
 
 

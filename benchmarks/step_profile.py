@@ -23,6 +23,8 @@ from absl import app, flags
 from benchmarks import config_r, xla_profile
 from common import records
 
+records.define_software_note_flag()
+
 _DTYPE = flags.DEFINE_enum("dtype", "bfloat16", ["bfloat16", "float32"], "Compute dtype of the step.")
 _STEPS = flags.DEFINE_integer("steps", 20, "Profiled steps (after warm-up).")
 _WARMUP_STEPS = flags.DEFINE_integer("warmup_steps", 5, "Steps before the profile (the first compiles).")

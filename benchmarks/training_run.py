@@ -29,6 +29,8 @@ from ml_collections import config_flags
 from common import records
 from common.workdir import Workdir
 
+records.define_software_note_flag()
+
 _CONFIG = config_flags.DEFINE_config_file("config", "configs/quickstart.py", "The config file train.py trains.")
 _OUTPUT = flags.DEFINE_string("output", "", "Record path without suffix (default: docs/results/<config>_<cpu kind>).")
 _BEAM_SIZE = flags.DEFINE_integer("beam_size", 4, "Translation: beam of the second evaluation (1: none).")

@@ -24,6 +24,8 @@ from ml_collections import config_flags
 from common import records
 from common.workdir import Workdir
 
+records.define_software_note_flag()
+
 _CONFIG = config_flags.DEFINE_config_file("config", "configs/quickstart.py", "The config train.py trains.")
 _WORKDIR = flags.DEFINE_string("workdir", "", "An empty folder to train in, kept (default: a temporary one).")
 _PHASES = flags.DEFINE_list("phases", None, "Phases to run, in the module docstring's order (default: all).")

@@ -11,8 +11,9 @@ A record under docs/results/ is what its command wrote at a commit: `problems` n
 record from being one (uncommitted changes, a missing command, machine or version, software
 outside pyproject.toml's pins with no `software_note` saying why), and `write` refuses such a
 record there with one `error:` line; elsewhere (`--output=/tmp/...`, a test) it is written as it
-is. Every script that writes records takes `--software_note` (defined here), e.g. for a GPU
-image whose jax is newer than the pins.
+is. Every script that writes records defines `--software_note` with `define_software_note_flag()`,
+e.g. for a GPU image whose jax is newer than the pins. The machine, the commit (from git) and the
+pins (from pyproject.toml) are read here, so that every record describes them the same way.
 """
 
 import datetime
@@ -39,9 +40,7 @@ DEFAULT_PACKAGES = ("jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "numpy
 # The fields every record has, filled.
 REQUIRED_FIELDS = ("measurement", "command", "date", "commit", "machine", "software", "figures")
 
-_SOFTWARE_NOTE = flags.DEFINE_string(
-    "software_note", "", "Why the software is outside pyproject.toml's pins (a GPU image's jax, say), for the record."
-)
+_SOFTWARE_NOTE = "software_note"
 
 # CPU features that decide how XLA:CPU runs this model's matmuls, most capable first:
 # AMX tiles, AVX-512 with bf16 dot products, AVX-512, AVX2.
@@ -51,6 +50,19 @@ _CPU_KINDS = (
     ("avx512f", "cpu-avx512"),
     ("avx2", "cpu-avx2"),
 )
+
+
+def define_software_note_flag() -> None:
+    """Defines --software_note, which `new` records, for a script that writes records; a second call does nothing.
+
+    Called by the script rather than at import, so importing this module defines no flag.
+    """
+    if _SOFTWARE_NOTE not in flags.FLAGS:
+        flags.DEFINE_string(
+            "software_note",
+            "",
+            "Why the software is outside pyproject.toml's pins (a GPU image's jax, say), for the record.",
+        )
 
 
 def _cpuinfo(path: str = "/proc/cpuinfo") -> dict[str, str]:
@@ -112,6 +124,18 @@ def _git(*arguments: str) -> str | None:
         return None
 
 
+def commits_since(commit: str, paths: Sequence[str]) -> int | None:
+    """How many commits after `commit` changed `paths`; None where git does not have `commit` (a shallow clone).
+
+    Uncommitted changes to `paths` count as one more commit, so that a count taken before committing them holds after.
+    """
+    if _git("cat-file", "-e", f"{commit}^{{commit}}") is None:
+        return None
+    count = _git("rev-list", "--count", f"{commit}..HEAD", "--", *paths)
+    uncommitted = _git("status", "--porcelain", "--", *paths)
+    return None if count is None else int(count) + bool(uncommitted)
+
+
 def source() -> dict:
     """The commit measured, and whether the working tree differed from it (outside docs/results/).
 
@@ -137,10 +161,10 @@ def new(measurement: str, *, figures: dict, packages: Sequence[str] = DEFAULT_PA
     `fields` add what the measurement needs beside its figures (a note, its settings, the
     `accelerator` it ran on, see `add_accelerator`); a `machine` field replaces the host's description, and `commit` and
     `uncommitted_changes` taken with `source()` when the measurement began replace those of now.
-    `--software_note`, where given, is the record's `software_note`.
+    `--software_note` (see `define_software_note_flag`), where given, is the record's `software_note`.
     """
-    if flags.FLAGS.is_parsed() and _SOFTWARE_NOTE.value:
-        fields.setdefault("software_note", _SOFTWARE_NOTE.value)
+    if _SOFTWARE_NOTE in flags.FLAGS and flags.FLAGS.is_parsed() and (note := flags.FLAGS[_SOFTWARE_NOTE].value):
+        fields.setdefault(_SOFTWARE_NOTE, note)
     record = {
         "measurement": measurement,
         "command": command(),

@@ -98,29 +98,67 @@ def _module_imports(tree: ast.Module) -> list[str]:
     return names
 
 
-def _flags(path: str, seen: set[str] | None = None) -> tuple[set[str], set[str], set[str]]:
-    """The absl flags a program defines, with the repository modules it imports: (all, booleans, configs)."""
-    seen = set() if seen is None else seen
-    seen.add(path)
-    with open(path, encoding="utf-8") as source:
-        tree = ast.parse(source.read())
+def _called_name(node: ast.Call) -> str:
+    return node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
+
+
+def _defined_flags(nodes) -> tuple[set[str], set[str], set[str]]:
+    """The absl flags the `DEFINE_*` calls among `nodes` define: (all, booleans, configs)."""
     names, booleans, configs = set(), set(), set()
-    for node in ast.walk(tree):
+    for node in nodes:
         if not isinstance(node, ast.Call):
             continue
-        function = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
+        function = _called_name(node)
         arguments = [*node.args, *(keyword.value for keyword in node.keywords if keyword.arg == "name")]
         first = arguments[0] if arguments else None
         if function.startswith("DEFINE") and isinstance(first, ast.Constant) and isinstance(first.value, str):
             names.add(first.value)
             booleans |= {first.value} if function in ("DEFINE_bool", "DEFINE_boolean") else set()
             configs |= {first.value} if function.startswith("DEFINE_config") else set()
-        if function == "add_argument":
-            names |= {a.value.lstrip("-") for a in node.args if isinstance(a, ast.Constant) and a.value[:2] == "--"}
-    for module in _module_imports(tree):
-        if (imported := _repo_file(module)) and imported not in seen:
-            more = _flags(imported, seen)
-            names, booleans, configs = names | more[0], booleans | more[1], configs | more[2]
+    return names, booleans, configs
+
+
+def _module_level(tree: ast.Module) -> list[ast.AST]:
+    """The nodes a module runs when imported: all but the bodies of its functions."""
+    nodes, pending = [], list(tree.body)
+    while pending:
+        node = pending.pop()
+        if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda):
+            nodes.append(node)
+            pending += ast.iter_child_nodes(node)
+    return nodes
+
+
+def _flags(path: str) -> tuple[set[str], set[str], set[str]]:
+    """The absl flags a program defines, with the repository modules it imports: (all, booleans, configs).
+
+    A flag defined in a function (records.define_software_note_flag) counts where a module calls it on import.
+    """
+    names, booleans, configs = set(), set(), set()
+    in_functions, called, pending, seen = {}, set(), [path], set()
+    while pending:
+        if (file := pending.pop()) in seen:
+            continue
+        seen.add(file)
+        with open(file, encoding="utf-8") as source:
+            tree = ast.parse(source.read())
+        module_level = _module_level(tree)
+        defined = _defined_flags(module_level)
+        names, booleans, configs = names | defined[0], booleans | defined[1], configs | defined[2]
+        called |= {_called_name(node) for node in module_level if isinstance(node, ast.Call)}
+        for function in ast.walk(tree):
+            if isinstance(function, ast.FunctionDef) and (inside := _defined_flags(ast.walk(function)))[0]:
+                in_functions[function.name] = inside
+        for node in ast.walk(tree):  # argparse options, wherever the parser is built.
+            if isinstance(node, ast.Call) and _called_name(node) == "add_argument":
+                names |= {a.value.lstrip("-") for a in node.args if isinstance(a, ast.Constant) and a.value[:2] == "--"}
+        pending += [imported for module in _module_imports(tree) if (imported := _repo_file(module))]
+    for function in called & set(in_functions):
+        names, booleans, configs = (
+            names | in_functions[function][0],
+            booleans | in_functions[function][1],
+            configs | in_functions[function][2],
+        )
     return names, booleans, configs
 
 
@@ -202,6 +240,8 @@ def test_a_documented_command_runs_as_written(page, command, environment, argume
         ("python train.py --config=configs/quickstart.py --config.model.no_such_field=1", "no such config field"),
         ("python train.py --config=configs/no_such_config.py", "no such file"),
         ("python -m benchmarks.step_profile --software_note=x --nosuch", "--nosuch: no such flag"),
+        # Importing common/records.py defines no flag: a script that writes no record does not take it.
+        ("python -m benchmarks.results_table --software_note=x", "--software_note: no such flag"),
     ],
 )
 def test_a_stale_command_is_caught(command, problem):
@@ -215,7 +255,7 @@ def test_a_command_that_runs_as_written_passes():
         "python train.py --config=configs/quickstart.py --workdir=w --mode=eval --nosave_average",
         "echo 'a b' | python translate.py --workdir=runs/x --beam_size=4 > out.txt",
         "python train.py --config=configs/sweeps/table3.py:heads_1 --config.seed=1 --workdir=w --config.model.d_ff=8",
-        "python -m benchmarks.step_profile --software_note=why",  # A flag of common/records.py.
+        "python -m benchmarks.step_profile --software_note=why",  # Defined by records.define_software_note_flag().
     ):
         (environment, arguments), *_ = _python_invocations(command)
         assert not _problems(environment, arguments), command
