@@ -23,7 +23,7 @@ losses, parameters and greedy decoding against one device.
 Exits non-zero (an AssertionError) on any mismatch.
 """
 
-import sys
+import argparse
 
 import jax
 import ml_collections
@@ -329,12 +329,27 @@ def check_checkpoint(directory: str) -> None:
     print("checkpoint: ok")
 
 
+def _arguments() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    checks = parser.add_subparsers(dest="check", required=True, metavar="{layouts,checkpoint,classifier,positions}")
+    checks.add_parser("layouts", help="every layout's losses, parameters, evaluation and decoding against one device")
+    checks.add_parser("checkpoint", help="save on 8-way data, restore onto other meshes").add_argument(
+        "directory", help="an empty directory to save into"
+    )
+    checks.add_parser("classifier", help="the encoder classifier in the layouts against one device")
+    checks.add_parser("positions", help="relative and rotary positions on 2 x 2 x 2 against one device")
+    return parser.parse_args()
+
+
 if __name__ == "__main__":
-    if sys.argv[1] == "layouts":
+    arguments = _arguments()
+    if arguments.check == "layouts":
         check_layouts()
-    elif sys.argv[1] == "classifier":
+    elif arguments.check == "classifier":
         check_classifier()
-    elif sys.argv[1] == "positions":
+    elif arguments.check == "positions":
         check_positions()
     else:
-        check_checkpoint(sys.argv[2])
+        check_checkpoint(arguments.directory)

@@ -15,6 +15,8 @@ import importlib.util
 import os
 import re
 import shlex
+import subprocess
+import sys
 import tomllib
 
 import pytest
@@ -259,3 +261,16 @@ def test_a_command_that_runs_as_written_passes():
     ):
         (environment, arguments), *_ = _python_invocations(command)
         assert not _problems(environment, arguments), command
+
+
+def test_a_script_of_positional_arguments_answers_help_with_its_usage():
+    """docs/parallelism.md runs tests/multi_device_check.py, whose arguments this file's flag reader cannot see."""
+    run = subprocess.run(
+        [sys.executable, os.path.join("tests", "multi_device_check.py"), "--help"],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        env=os.environ | {"JAX_PLATFORMS": "cpu"},
+        timeout=120,
+    )
+    assert run.returncode == 0 and run.stdout.startswith("usage:") and "checkpoint" in run.stdout, run.stderr
