@@ -27,6 +27,13 @@ from common import records
 # A commit hash as prose cites one: 7 to 40 hex digits, at least one letter and one digit.
 _COMMIT = re.compile(r"\b(?=[0-9a-f]*[a-f])(?=[0-9a-f]*[0-9])[0-9a-f]{7,40}\b")
 _DATE = re.compile(r"\b20\d\d-[01]\d-[0-3]\d\b")
+# A measured figure: a duration, a speed, a ratio, a percentage with decimals, a score. Settings (d_model 256, 4,000
+# warm-up steps) and facts (glibc's 32 MiB threshold) are not matched.
+_FIGURE = re.compile(
+    r"\d(?:[\d,]*\.\d+|[\d,]*)(?:×| ?ms\b| s\b| min\b| ?tokens/s| ?subwords/s)|\d+\.\d+%"
+    r"|\b(?:BLEU|chrF|NLL|MFU|accuracy|macro-F1|perplexity) \d"
+)
+_FENCED = re.compile(r"^```.*?^```", re.DOTALL | re.MULTILINE)
 _LINK = re.compile(r"\]\(([^)#\s]+)(#[^)\s]*)?\)")
 
 _DOCS = [os.path.join(REPO_ROOT, "README.md"), *sorted(glob.glob(os.path.join(REPO_ROOT, "docs", "*.md")))]
@@ -186,6 +193,30 @@ def test_the_guide_links_files_that_exist(path):
         targets = [target for target, _ in _LINK.findall(page.read()) if "://" not in target]
     missing = [t for t in targets if not os.path.exists(os.path.join(os.path.dirname(path), t))]
     assert not missing
+
+
+def _uncited_figures(text: str) -> list[str]:
+    """Paragraphs with a measured figure and no link to a record, in them or in the paragraph that introduces them."""
+    paragraphs = re.split(r"\n\s*\n", _FENCED.sub("", text))
+    return [
+        paragraph
+        for before, paragraph in zip(["", *paragraphs], paragraphs, strict=False)
+        if _FIGURE.search(paragraph) and "results/" not in before + paragraph
+    ]
+
+
+@pytest.mark.parametrize("path", _DOCS[1:], ids=lambda path: os.path.relpath(path, REPO_ROOT))
+def test_a_figure_in_the_docs_cites_the_record_that_holds_it(path):
+    with open(path, encoding="utf-8") as page:
+        assert not _uncited_figures(page.read())
+
+
+def test_the_figure_check_finds_a_figure_no_record_holds():
+    cited = "On one H100 ([record](results/x.md)):\n\n- base: 44.2 ms a step, MFU 22%.\n"
+    assert not _uncited_figures(cited)
+    assert _uncited_figures("Probes found no bug.\n\nOn one H100 it passed in 1,500 steps\n(NLL 10.79 → 1.07).\n")
+    assert _uncited_figures("Greedy decoding: 6.0 s against 6.2 s (1.03×).")
+    assert not _uncited_figures("d_model 256, 4 heads, 4,000 warm-up steps; buffers above 32 MiB; 92% of memory.")
 
 
 def test_code_says_why_not_when():
