@@ -270,7 +270,7 @@ def test_a_script_of_positional_arguments_answers_help_with_its_usage():
         cwd=REPO_ROOT,
         capture_output=True,
         text=True,
-        env=os.environ | {"JAX_PLATFORMS": "cpu"},
+        env=os.environ | {"JAX_PLATFORMS": "cpu", "PYTHONPATH": REPO_ROOT},
         timeout=120,
     )
     assert run.returncode == 0 and run.stdout.startswith("usage:") and "checkpoint" in run.stdout, run.stderr
