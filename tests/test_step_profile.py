@@ -1,13 +1,19 @@
-"""benchmarks/step_profile.py at the tiny size on the CPU: the path Transformer-base takes on a GPU."""
+"""benchmarks/step_profile.py at the tiny size on the CPU (the path benchmarks/gpu_step_check.sh runs on a GPU)."""
 
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 
 import pytest
 from conftest import REPO_ROOT, entry_point_env
+
+from benchmarks import step_variants
+from training import step_options
+
+GPU_STEP_CHECK = os.path.join(REPO_ROOT, "benchmarks", "gpu_step_check.sh")
 
 
 def test_the_tiny_step_is_profiled_through_its_own_dump_with_every_kernel_attributed(tmp_path):
@@ -31,3 +37,12 @@ def test_the_tiny_step_is_profiled_through_its_own_dump_with_every_kernel_attrib
     )
     assert math.fsum(ms.values()) == pytest.approx(figures["profiled_cpu_ms_per_call"])
     assert "Unattributed (no instruction matched)" in (tmp_path / "profile.md").read_text()
+
+
+def test_the_gpu_scripts_variants_are_fields_of_transformer_base_that_its_step_accepts():
+    with open(GPU_STEP_CHECK) as script:
+        (variants,) = re.findall(r"--variants=(\S+)", script.read())
+    for variant in variants.split(","):
+        step_options.check_step_options(step_variants.with_variant(step_variants.transformer_base(), variant))
+    assert "model.dropout_rate=0.0" in variants.split(",")
+    assert step_variants.transformer_base().model.attention_dropout_rate == 0  # So dropout 0 is every rate at 0.
