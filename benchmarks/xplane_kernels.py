@@ -74,14 +74,16 @@ def read_trace(trace_dir: str) -> tuple[list[Kernel], str]:
     return kernels(ProfileData.from_file(path))
 
 
-def dumped_modules(dump_dir: str) -> dict[int, str]:
-    """Program id -> its optimized module's text, of every module an `--xla_dump_to=dump_dir` run compiled."""
-    modules = {}
-    for path in glob.glob(os.path.join(dump_dir, "module_*after_optimizations.txt")):
+def dumped_modules(dump_dir: str) -> dict:
+    """Every module an `--xla_dump_to=dump_dir` run compiled: program id -> its optimized text, and name -> the
+    largest text of that name (for kernels whose program id the dump's file names do not give)."""
+    modules, by_name = {}, {}
+    for path in sorted(glob.glob(os.path.join(dump_dir, "module_*after_optimizations.txt"))):
         if match := _DUMPED_MODULE.match(os.path.basename(path)):
             with open(path, encoding="utf-8") as module:
-                modules[int(match.group(1))] = module.read()
-    return modules
+                modules[int(match.group(1))] = text = module.read()
+            by_name[match.group(2)] = max(by_name.get(match.group(2), ""), text, key=len)
+    return {**modules, **by_name}
 
 
 def module_name(hlo: str) -> str:

@@ -171,3 +171,18 @@ def test_kernels_of_no_instruction_are_bucketed_by_name():
     assert xla_profile._kernel_name_bucket("cutlass_80_wmma_tensorop_bf16_s161616gemm") == hlo_buckets.BUCKETS[3][0]
     assert xla_profile._kernel_name_bucket("flash_fwd_kernel") == "fused attention (cuDNN)"
     assert xla_profile._kernel_name_bucket("some_helper") == hlo_buckets.BUCKETS[-1][0]
+
+
+def test_a_dump_gives_each_module_by_program_id_and_the_largest_of_each_name(tmp_path):
+    for file_name, text in (
+        ("module_0006.jit_step.cpu_after_optimizations.txt", "HloModule jit_step\nsmall"),
+        ("module_0008.jit_step.sm_9.0_gpu_after_optimizations.txt", "HloModule jit_step\nthe larger one"),
+        ("module_0008.jit_step.cpu_after_optimizations-buffer-assignment.txt", "not a module"),
+    ):
+        (tmp_path / file_name).write_text(text)
+    modules = xplane_kernels.dumped_modules(str(tmp_path))
+    assert modules == {
+        6: "HloModule jit_step\nsmall",
+        8: "HloModule jit_step\nthe larger one",
+        "jit_step": modules[8],
+    }
