@@ -81,6 +81,8 @@ DECODE_BUCKETS = (
 _INERT = {"parameter", "constant", "get-tuple-element", "tuple", "bitcast"}
 CONTAINERS = {"while", "call", "conditional", "async-start", "async-done"}  # Their inner instructions have events.
 _INSTRUCTION = re.compile(r"^\s*(?:ROOT\s+)?%?([\w.\-]+) = (?:\([^=]*?\)|\S+) ([a-z][\w\-]*)\((.*)$")
+# XLA numbers a long tuple's elements in its shape (`(s32[], ..., /*index=5*/u32[])`): not an instruction's `=`.
+_TUPLE_INDEX = re.compile(r"/\*index=\d+\*/")
 _CUSTOM_CALL_TARGET = re.compile(r'custom_call_target="([^"]*)"')
 _COMPUTATION = re.compile(r"^(?:ENTRY\s+)?%?([\w.\-]+) \(.*\{$")
 
@@ -89,6 +91,7 @@ def operations(hlo: str) -> tuple[dict, dict]:
     """(instruction -> (opcode, op_name, called computations), computation -> its instructions' names)."""
     instructions, computations, current = {}, collections.defaultdict(list), None
     for line in hlo.splitlines():
+        line = _TUPLE_INDEX.sub("", line)
         if match := _COMPUTATION.match(line):
             current = match.group(1)
         elif match := _INSTRUCTION.match(line):

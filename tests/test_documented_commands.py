@@ -232,6 +232,16 @@ def test_a_documented_command_runs_as_written(page, command, environment, argume
     assert not _problems(environment, arguments), f"{page}: {command}"
 
 
+def test_the_gpu_step_checks_commands_run_as_written():
+    with open(os.path.join(REPO_ROOT, "benchmarks", "gpu_step_check.sh"), encoding="utf-8") as script:
+        lines = script.read().replace("\\\n", " ").splitlines()
+    parts = [line.split(None, 2)[2] for line in lines if line.startswith("part ")]  # part SECONDS COMMAND...
+    assert len(parts) == 3
+    for command in parts:
+        ((environment, arguments),) = _python_invocations(command)
+        assert not _problems(environment, arguments), command
+
+
 @pytest.mark.parametrize(
     "command, problem",
     [

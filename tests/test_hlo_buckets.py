@@ -77,3 +77,13 @@ def test_the_vocabulary_projection_and_attention_products_are_told_apart_from_ot
     assert matmul_bucket("x/Transformer._logits/shared_embedding.attend/dot_general").endswith("vocabulary projection")
     assert matmul_bucket("x/self_attention/self_attention.attend/dot_general").endswith("attention products")
     assert matmul_bucket("x/self_attention/self_attention.attend/query/dot_general").endswith("feed-forward")
+
+
+def test_an_instruction_whose_tuple_shape_numbers_its_elements_is_read():
+    # XLA writes /*index=5*/ into tuples of six or more elements (a dropout's bit loop, a multi-output fusion).
+    line = (
+        "  %while.309 = (s32[], u32[4]{0}, u32[4]{0}, u32[], u32[], /*index=5*/u32[], u32[4]{0}) while(%tuple.231), "
+        'condition=%cond.1, body=%body.1, metadata={op_name="jit(train_step)/dropout/jit(_uniform)/while"}'
+    )
+    instructions, _ = hlo_buckets.operations(line)
+    assert instructions["while.309"] == ("while", "jit(train_step)/dropout/jit(_uniform)/while", ["cond.1", "body.1"])
