@@ -16,10 +16,13 @@ again with the programs it wrote there, against ctranslate2_engine.py translatin
 each of them translating the split's first line alone, what starting up costs before decoding.
 --noctranslate2 leaves CTranslate2 out (a machine without the export extra).
 
+Each engine's first call in this process also counts the programs it compiles (or reads from a
+compilation cache): decoding's own, the model loaded before.
+
 With --profile_calls, this project's float32 search is profiled too (benchmarks/xla_profile.py, by
 decoding's buckets: the model's matmuls, the search's top-k and beam reordering, cache writes,
-...): the loop run over the batch with the most source subwords, from its start until its last
-sentence is done. Writes a record (common/records.py).
+...): translating the whole split, its programs named by an `--xla_dump_to` dump of this process.
+Writes a record (common/records.py).
 """
 
 import os
@@ -37,18 +40,18 @@ from absl import app, flags, logging
 
 from benchmarks import accelerator_step, ctranslate2_engine, hlo_buckets, xla_profile
 from common import records
-from common.special_ids import PAD_ID
 from exporting import exporter
-from input_pipeline import batching
-from input_pipeline import tokenizer as tokenizer_lib
 from input_pipeline.parallel_text import read_lines
 from models.decoding import decode_length
 from training import inference
 from training.config_checks import validate_config
 from training.reporting.logs import quiet_library_logs
 from training.runtime import host_memory
-from training.runtime.sharding import shard_batch
 from training.tasks import translation
+
+records.define_software_note_flag()
+# jax.monitoring's event for each program compiled, or read from the compilation cache.
+BACKEND_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "The trained run to translate with.")
 _SOURCES = flags.DEFINE_string("sources", "data/libreoffice_help_en_de/test.en.gz", "Source sentences.")
@@ -82,45 +85,42 @@ def _ours(workdir: str, dtype: str, beam_size: int, alpha: float, lines: list[st
     return lambda: inference.translate_lines(setup, trained.params, lines, config.dataset.max_length)
 
 
-def _profile(workdir: str, beam_size: int, alpha: float, lines: list[str], calls: int) -> dict:
-    """`xla_profile.profile` of the float32 search loop over the batch of `lines` with the most source subwords."""
-    config, trained, setup = _setup(workdir, "float32", beam_size, alpha)
-    sources, _ = tokenizer_lib.encode_sources(
-        setup.tokenizer, [line.strip() for line in lines], config.dataset.max_length
-    )
-    batches = batching.source_batches(sources, setup.boundaries, setup.batch_sizes)
-    inputs, _ = max(batches, key=lambda batch: np.count_nonzero(batch[0] != PAD_ID))
-    budgets = decode_length(np.sum(inputs != PAD_ID, axis=1), config.eval.max_decode_length)
-    placed = shard_batch({"inputs": inputs, "budgets": budgets}, setup.mesh, setup.rules)
-    decoder = setup.row_decoder
-    search = decoder.start(
-        trained.params,
-        placed["inputs"],
-        placed["budgets"],
-        max_length=decode_length(inputs.shape[1], config.eval.max_decode_length),
-    )
-    rows = len(inputs)  # Until every row is done.
-    hlo = decoder.run.lower(trained.params, search, rows).compile().as_text()
+def _profile(translate, calls: int, dump_dir: str) -> dict:
+    """`xla_profile.profile` of `translate` (warmed up), its programs' modules read from `dump_dir`."""
+    return xla_profile.profile(translate, calls=calls, dump_dir=dump_dir, buckets=hlo_buckets.DECODE_BUCKETS)
 
-    def run():
-        jax.block_until_ready(decoder.run(trained.params, search, rows))
 
-    run()
-    return xla_profile.profile(run, hlo, calls=calls, buckets=hlo_buckets.DECODE_BUCKETS)
+def _counting_programs(call):
+    """(call(), the programs it compiled or read from a compilation cache)."""
+    programs = []
+
+    def count(event, duration, **kwargs):
+        del duration, kwargs
+        programs.append(event) if event == BACKEND_COMPILE_EVENT else None
+
+    jax.monitoring.register_event_duration_secs_listener(count)
+    try:
+        return call(), len(programs)
+    finally:
+        jax.monitoring.unregister_event_duration_listener(count)
 
 
 def _whole_process(command: list[str]) -> float:
     """Seconds `command` ran, from the repository's root; a failure ends the benchmark with the command's errors."""
     start = time.perf_counter()
-    finished = subprocess.run(command, capture_output=True, text=True, cwd=records.REPO_ROOT)
+    env = {**os.environ, "XLA_FLAGS": _CALLERS_XLA_FLAGS}  # Without this process's dump.
+    finished = subprocess.run(command, capture_output=True, text=True, cwd=records.REPO_ROOT, env=env)
     seconds = time.perf_counter() - start
     if finished.returncode:
         sys.exit(f"error: {' '.join(command)} exited with {finished.returncode}:\n{finished.stderr[-3000:]}")
     return seconds
 
 
-def _row(engine: str, beam_size: int, seconds: list[float], translations: list[str], references: list[str], sp) -> dict:
-    """A table row from an engine's seconds (the first round compiling, the others timed) and translations."""
+def _row(
+    engine: str, beam_size: int, seconds: list[float], translations: list[str], references: list[str], sp, programs=None
+) -> dict:
+    """A table row from an engine's seconds (the first round compiling, the others timed) and translations, and
+    the programs its first call compiled (None: not counted, another engine)."""
     first, *timed = seconds
     subwords = sum(len(sp.encode(line)) + 1 for line in translations)  # With </s>.
     median = statistics.median(timed)
@@ -135,11 +135,22 @@ def _row(engine: str, beam_size: int, seconds: list[float], translations: list[s
         "output_subwords": subwords,
         "output_subwords_per_second": subwords / median,
         "bleu": bleu,
+        "programs_compiled": programs,
     }
+
+
+_CALLERS_XLA_FLAGS = os.environ.get("XLA_FLAGS", "")
 
 
 def main(argv) -> None:
     del argv
+    with tempfile.TemporaryDirectory() as dump_dir:
+        if _PROFILE_CALLS.value:  # Read once, when JAX starts its backend: no device is used before this line.
+            os.environ["XLA_FLAGS"] = f"{_CALLERS_XLA_FLAGS} --xla_dump_to={dump_dir}".strip()
+        _measure(dump_dir)
+
+
+def _measure(dump_dir: str) -> None:
     # The translate.py processes timed beside this one take an accelerator's memory as a user's would.
     os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
     host_memory.set_up()  # As translate.py runs.
@@ -161,13 +172,14 @@ def main(argv) -> None:
         for beam_size in [int(b) for b in _BEAM_SIZES.value]:
             engines = {f"this project, {dtype}": _ours(workdir, dtype, beam_size, alpha, lines) for dtype in dtypes}
             seconds = {engine: [] for engine in engines}
-            translations = {}
-            for _ in range(1 + rounds):  # The first round compiles this project's buckets.
+            translations, programs = {}, {}
+            for round_ in range(1 + rounds):  # The first round compiles this project's programs.
                 for engine, translate in engines.items():
                     start = time.perf_counter()
-                    translations[engine] = translate()
+                    translations[engine], count = _counting_programs(translate)
                     seconds[engine].append(time.perf_counter() - start)
-            rows += [_row(e, beam_size, seconds[e], translations[e], reference_lines, sp) for e in engines]
+                    programs.setdefault(engine, count)
+            rows += [_row(e, beam_size, seconds[e], translations[e], reference_lines, sp, programs[e]) for e in engines]
             for weights, folder in folders.items():
                 # Greedy at the largest budget, cut to each line's (a greedy output's first n subwords do not
                 # depend on how many follow); beam search at each line's.
@@ -189,7 +201,9 @@ def main(argv) -> None:
                     workdir, folders, lines, beam_size, alpha, config, scratch, ct2_batch_size, dtypes
                 )
             if _PROFILE_CALLS.value:
-                profiles[f"beam {beam_size}"] = _profile(workdir, beam_size, alpha, lines, _PROFILE_CALLS.value)
+                float32 = _ours(workdir, "float32", beam_size, alpha, lines)
+                float32()  # Compiles.
+                profiles[f"beam {beam_size}"] = _profile(float32, _PROFILE_CALLS.value, dump_dir)
     _write(rows, processes, profiles, lines, rounds, ct2_batch_size, sorted(ct2_devices), measured_source, workdir)
 
 
@@ -264,12 +278,13 @@ def _write(rows, processes, profiles, lines, rounds, ct2_batch_size, ct2_devices
         f"The whole test split ({len(lines):,} lines), each sentence with its own budget, median of {rounds} "
         f"rounds after a first that compiles{ct2}.",
         "",
-        "| engine | beam | first call s | s | output subwords/s |"
+        "| engine | beam | first call s | programs compiled | s | output subwords/s |"
         + "".join(f" vs {e} |" for e in references)
         + " BLEU |",
-        "|---|---:|---:|---:|---:|" + "---:|" * len(references) + "---:|",
+        "|---|---:|---:|---:|---:|---:|" + "---:|" * len(references) + "---:|",
         *(
-            f"| {row['engine']} | {row['beam_size']} | {row['first_call_seconds']:.1f} | {row['seconds']:.1f} "
+            f"| {row['engine']} | {row['beam_size']} | {row['first_call_seconds']:.1f} "
+            f"| {'' if row['programs_compiled'] is None else row['programs_compiled']} | {row['seconds']:.1f} "
             f"| {row['output_subwords_per_second']:,.0f} |{ratios(row)} {row['bleu']:.2f} |"
             for row in rows
         ),
@@ -287,8 +302,8 @@ def _write(rows, processes, profiles, lines, rounds, ct2_batch_size, ct2_devices
     if profiles:
         table += [
             "",
-            f"Where this project's float32 search spends its time: CPU ms of XLA instructions over all threads, a run "
-            f"of the loop over the batch with the most source subwords ({_PROFILE_CALLS.value} profiled runs).",
+            f"Where this project's float32 search spends its time: CPU ms of XLA instructions over all threads, "
+            f"translating the whole split ({_PROFILE_CALLS.value} profiled runs).",
             "",
             "| operations | " + " | ".join(profiles) + " |",
             "|---|" + "---:|" * len(profiles),

@@ -1,10 +1,10 @@
 """Beam search over a next-token function: beam_size hypotheses a sentence, the finished ones kept apart.
 
 Like the loop of models/search.py, a `lax.while_loop` over rows (here a row is a sentence and its
-beam_size hypotheses) that each keep their own position, so that a sentence that is done can be
-replaced by a new one between two runs of the loop (`insert_beam_rows`) while the others go on.
-Hypotheses are ranked by log P / lp, GNMT's length penalty (`length_penalty`). The model
-(`NextTokenLogits`), the tokens, the budgets and the special ids are as in models/search.py.
+beam_size hypotheses) that each keep their own position and budget, so that a sentence that is done
+can be replaced by a new one between two runs of the loop while the others go on. Hypotheses are
+ranked by log P / lp, GNMT's length penalty (`length_penalty`). The model (`NextTokenLogits`), the
+tokens, the budgets and the special ids are as in models/search.py.
 """
 
 from typing import Any, NamedTuple
@@ -13,16 +13,7 @@ import jax
 import jax.numpy as jnp
 
 from models import top_k as vocabulary_top_k
-from models.search import (
-    NEG_INF,
-    NextTokenLogits,
-    fields_of,
-    first_tokens,
-    forbid_special_tokens,
-    row_budgets,
-    run_until,
-    where_rows,
-)
+from models.search import NEG_INF, NextTokenLogits, first_tokens, forbid_special_tokens, row_budgets, run_until
 
 Array = jax.Array
 
@@ -135,27 +126,20 @@ def beam_rows(
     )
 
 
-def insert_beam_rows(beams: Beams, take: Array, new: Beams) -> Beams:
-    """`beams` with the sentences where take [batch] is True replaced by `new`'s (fresh, from `beam_rows`).
-
-    The replaced hypotheses' self-attention cache is kept (see `insert_greedy_rows`).
-    """
-    per_sentence = [f for f in Beams._fields if f not in ('step', 'state', 'context')]
-    replaced = where_rows(take, fields_of(new, per_sentence), fields_of(beams, per_sentence))
-    context = where_rows(jnp.repeat(take, beams.live_tokens.shape[1]), new.context, beams.context)
-    return beams._replace(**replaced, context=context)
-
-
 def beams_done(beams: Beams, alpha: float, settled: int) -> Array:
     """[batch] bool: rows whose `settled` best finished hypotheses are final, at their budget, or skipped.
 
     They are final once no live hypothesis can still beat the worst of them: a live hypothesis'
     log-probability can only fall, and its penalty rise to at most lp(budget). A search that
     returns only the best hypothesis (settled 1) stops there, often long before the others are.
+    settled 0: no row stops before its budget (the reference the bound is tested against).
     """
+    at_budget = beams.skip | (beams.positions >= beams.budgets)
+    if settled == 0:
+        return at_budget
     best_reachable = beams.live_log_probs[:, 0] / length_penalty(beams.budgets, alpha)  # Beams are sorted.
     worst_kept = beams.finished_scores[:, settled - 1]  # Sorted too.
-    return beams.skip | (worst_kept >= best_reachable) | (beams.positions >= beams.budgets)
+    return at_budget | (worst_kept >= best_reachable)
 
 
 def run_beams(
@@ -253,16 +237,17 @@ def beam_search_loop(
         alpha: the length penalty exponent (static).
         max_length, bos_id, eos_id, pad_id, budgets, context: as in `search_loop`
             ([batch] budgets, one per row of hypotheses).
-        settled: a row is done once its `settled` best finished hypotheses can no longer
-            change (default: all beam_size); the others are returned as they stand.
+        settled: the hypotheses returned: a row is done once its `settled` best finished
+            hypotheses can no longer change (None: all beam_size).
 
     Returns:
-        tokens: [batch, beam_size, max_length] int32 finished hypotheses, best first.
-        scores: [batch, beam_size] float32 their log P / lp.
+        tokens: [batch, settled, max_length] int32 finished hypotheses, best first.
+        scores: [batch, settled] float32 their log P / lp.
     """
     beams = beam_rows(
         state, context, skip, budgets, beam_size=beam_size, max_length=max_length, bos_id=bos_id, pad_id=pad_id
     )
+    settled = beam_size if settled is None else settled
     beams = run_beams(
         next_token_logits,
         beams,
@@ -270,12 +255,16 @@ def beam_search_loop(
         eos_id=eos_id,
         bos_id=bos_id,
         pad_id=pad_id,
-        settled=beam_size if settled is None else settled,
+        settled=settled,
     )
-    return beam_results(beams, pad_id)
+    tokens, scores = beam_results(beams, pad_id)
+    return tokens[:, :settled], scores[:, :settled]
 
 
 def beam_results(beams: Beams, pad_id: int) -> tuple[Array, Array]:
-    """(tokens [batch, beam_size, max_length], scores [batch, beam_size]) of the finished hypotheses, best first."""
+    """(tokens [batch, beam_size, max_length], scores [batch, beam_size]) of the finished hypotheses, best first.
+
+    Only as many as the search settled are final (`beams_done`); the others are as they stand.
+    """
     finished_tokens = jnp.where(beams.skip[:, None, None], pad_id, beams.finished_tokens)
     return finished_tokens[:, :, 1:], beams.finished_scores

@@ -66,9 +66,16 @@ def attention_implementation(requested: str, dtype: str, head_dim: int) -> str:
     """
     if requested != "auto":
         return requested
-    if jax.default_backend() == "gpu" and dtype == "bfloat16" and head_dim % 8 == 0 and head_dim <= 128:
-        return "cudnn_where_safe"
-    return "explicit"
+    backend = jax.default_backend()
+    platform_version = jax.devices()[0].client.platform_version if backend == "gpu" else ""
+    return "cudnn_where_safe" if cudnn_applies(backend, platform_version, dtype, head_dim) else "explicit"
+
+
+def cudnn_applies(backend: str, platform_version: str, dtype: str, head_dim: int) -> bool:
+    """Whether 'auto' attention is cuDNN's: an NVIDIA GPU (ROCm's 'gpu' backend has no cuDNN; its platform
+    version names rocm), bfloat16, and head_dim a multiple of 8 up to 128."""
+    nvidia = backend == "gpu" and "rocm" not in platform_version.lower()
+    return nvidia and dtype == "bfloat16" and head_dim % 8 == 0 and head_dim <= 128
 
 
 def make_model(config: ml_collections.ConfigDict, vocab_size: int, num_classes: int = 0) -> Model:

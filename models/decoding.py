@@ -20,8 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from models.beam_search import beam_search_loop
-from models.config import TransformerConfig
-from models.search import ChooseToken, NextTokenLogits, grown, search_loop
+from models.search import ChooseToken, NextTokenLogits, search_loop
 from models.transformer import DecoderCache, Transformer
 
 Array = jax.Array
@@ -42,6 +41,16 @@ def _merge_cache(self_part: DecoderCache, cross_part: DecoderCache) -> DecoderCa
     return {layer: {**self_part[layer], **cross_part[layer]} for layer in self_part}
 
 
+def source_context(model: Transformer, params: Any, inputs: Array, copies: int = 1) -> dict:
+    """What the cached decoder reads of the sources: {'inputs': [rows, src_len] ids, 'cross': the cross-attention
+    keys and values, per layer [rows, heads, src_len, d]}, rows = batch * copies (row b * copies + j is a copy of
+    source b). The encoder and the key and value projections run once per source."""
+    variables = {'params': params}
+    encoded = model.apply(variables, inputs, method=Transformer.encode, deterministic=True)
+    cross = model.apply(variables, encoded, method=Transformer.cross_cache)
+    return jax.tree.map(lambda x: jnp.repeat(x, copies, axis=0), {'inputs': inputs, 'cross': cross})
+
+
 def model_next_token_logits(
     model: Transformer, params: Any, inputs: Array, max_length: int, *, use_cache: bool, copies: int = 1
 ) -> tuple[NextTokenLogits, Any, Any]:
@@ -55,18 +64,16 @@ def model_next_token_logits(
         use_cache: run the decoder for the new position only, on cached keys and
             values; False reruns it on the whole prefix at every step.
         copies: hypotheses per source (the beam size): the function's rows are
-            batch * copies, the copies of source b being rows b * copies + j. The
-            encoder still runs once per source.
+            batch * copies, the copies of source b being rows b * copies + j.
 
     Returns:
-        (next_token_logits, state: the self-attention cache, context: the sources and
-        their encodings or cross-attention keys and values), state and context with
-        batch * copies rows.
+        (next_token_logits, state: the self-attention cache, context: see `source_context`),
+        state and context with batch * copies rows.
     """
-    variables = {'params': params}
-    encoded = model.apply(variables, inputs, method=Transformer.encode, deterministic=True)
-    encoded, inputs = (jnp.repeat(x, copies, axis=0) for x in (encoded, inputs))
     if not use_cache:
+        variables = {'params': params}
+        encoded = model.apply(variables, inputs, method=Transformer.encode, deterministic=True)
+        encoded, inputs = (jnp.repeat(x, copies, axis=0) for x in (encoded, inputs))
 
         def uncached_logits(positions, tokens, state, context):
             logits = model.apply(
@@ -81,10 +88,9 @@ def model_next_token_logits(
 
         return uncached_logits, (), {'encoded': encoded, 'inputs': inputs}
 
-    self_cache, cross_cache = _split_cache(model.apply(variables, encoded, max_length, method=Transformer.init_cache))
-
+    state = model.apply({'params': params}, inputs.shape[0] * copies, max_length, method=Transformer.self_cache)
     next_token_logits = functools.partial(cached_next_token_logits, model, params)
-    return next_token_logits, self_cache, {'inputs': inputs, 'cross': cross_cache}
+    return next_token_logits, state, source_context(model, params, inputs, copies)
 
 
 def cached_next_token_logits(
@@ -92,7 +98,7 @@ def cached_next_token_logits(
 ) -> tuple[Array, DecoderCache]:
     """`NextTokenLogits` of the model with a key/value cache: one decoder step of each row at its position.
 
-    context: {'inputs': [rows, src_len] source ids, 'cross': the cross-attention part of the cache}.
+    context: `source_context`'s.
     """
     last = jnp.take_along_axis(tokens, positions[:, None], axis=1)  # [rows, 1]
     cache = _merge_cache(self_cache, context['cross'])
@@ -100,25 +106,6 @@ def cached_next_token_logits(
         {'params': params}, context['inputs'], last, positions, cache, method=Transformer.decode_step
     )
     return logits, _split_cache(cache)[0]
-
-
-def widened_cached_decoding(
-    state: DecoderCache, context: dict, *, source_length: int, max_length: int, pad_id: int
-) -> tuple[DecoderCache, dict]:
-    """The state and context of `model_next_token_logits(use_cache=True)` in arrays for longer sources and outputs.
-
-    The decoding goes on as it would have (models/refill.py moves rows on to the next bucket's
-    shapes): the new source positions are padding, which cross-attention masks, and the new
-    self-attention slots lie past every row's position, which the causal mask hides.
-
-    Args:
-        state: the self-attention cache, entries [rows, heads, max_length', d].
-        context: {'inputs': [rows, src_len'] ids, 'cross': entries [rows, heads, src_len', d]}.
-        source_length, max_length: the new sizes, at least the old ones.
-    """
-    state = jax.tree.map(lambda entry: grown(entry, 2, max_length, 0), state)
-    cross = jax.tree.map(lambda entry: grown(entry, 2, source_length, 0), context['cross'])
-    return state, {'inputs': grown(context['inputs'], 1, source_length, pad_id), 'cross': cross}
 
 
 def is_filler(inputs: Array, pad_id: int) -> Array:
@@ -223,38 +210,6 @@ def beam_search(
         settled=beam_size if return_all else 1,
     )
     return (tokens, scores) if return_all else tokens[:, 0]
-
-
-# --------------------------------------------------------------------------- #
-# Memory.
-# --------------------------------------------------------------------------- #
-
-
-def decoding_memory_bytes(
-    config: TransformerConfig, *, batch_size: int, beam_size: int, source_length: int, max_length: int
-) -> int:
-    """A lower bound of the memory that decoding one batch holds at once, in bytes.
-
-    Counts only arrays that every step of the cached decoders keeps alive
-    together, for rows = batch_size * beam_size hypotheses:
-      - the self-attention keys and values of every decoder layer,
-        [rows, heads, max_length, d_k] and [rows, heads, max_length, d_v] in the
-        compute dtype; twice with beam search, whose reordering by beam
-        (`_gather_beams` in models/beam_search.py) writes a new copy while the old one is read;
-      - the cross-attention keys and values, [rows, heads, source_length, d_k]
-        and [rows, heads, source_length, d_v] per layer (computed once, repeated
-        for every beam);
-      - the next-token logits, [rows, vocab_size] float32.
-    Activations, parameters and XLA's temporaries come on top: decoding that
-    needs more than this cannot run.
-    """
-    rows = batch_size * beam_size
-    itemsize = jnp.dtype(config.dtype).itemsize
-    per_layer = rows * (config.num_heads * config.d_k + config.d_model) * itemsize  # Keys and values.
-    self_cache = per_layer * max_length * config.num_decoder_layers * (2 if beam_size > 1 else 1)
-    cross_cache = per_layer * source_length * config.num_decoder_layers
-    logits = rows * config.vocab_size * 4
-    return self_cache + cross_cache + logits
 
 
 def sentences_per_batch(hypotheses: int, beam_size: int) -> int:

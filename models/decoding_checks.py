@@ -1,10 +1,11 @@
-"""Checks of config.eval's decoding options, and of the memory that decoding a batch needs (models/decoding.py)."""
+"""Checks of config.eval's decoding options, and of the memory that decoding needs (models/continuous_batching.py)."""
 
+import jax.numpy as jnp
 import ml_collections
 
 from common.config_fields import require_positive
 from common.errors import UserInputError
-from models.decoding import decode_length, decoding_memory_bytes
+from models.decoding import decode_length
 from models.transformer import TransformerConfig
 
 
@@ -36,8 +37,9 @@ def check_decoding_memory(
 ) -> None:
     """Decoding the largest of evaluation's batches fits in one device's memory (a lower bound, before allocating).
 
-    Every length bucket's batch carries about the same tokens, so shorter buckets decode more
-    sentences at once; beam search decodes beam_size hypotheses of each.
+    Every length bucket's batch carries about the same tokens, so shorter buckets (and the stages
+    of continuous batching at their lengths) decode more sentences at once; beam search decodes
+    beam_size hypotheses of each.
 
     Args:
         model_config: the Transformer that decodes.
@@ -68,3 +70,31 @@ def check_decoding_memory(
         f"each, and their logits over {model_config.vocab_size} subwords) but {where} is {available / 1e9:,.1f} GB: "
         f"{fits}. Lower config.eval.per_device_batch_size (hypotheses a batch) or the beam size."
     )
+
+
+def decoding_memory_bytes(
+    config: TransformerConfig, *, batch_size: int, beam_size: int, source_length: int, max_length: int
+) -> int:
+    """A lower bound of the memory that decoding one batch holds at once, in bytes.
+
+    Counts only arrays that the cached decoders keep alive together, for rows = batch_size *
+    beam_size hypotheses:
+      - the self-attention keys and values of every decoder layer,
+        [rows, heads, max_length, d_k] and [rows, heads, max_length, d_v] in the
+        compute dtype, twice: beam search's reordering by beam (`_gather_beams` in
+        models/beam_search.py) writes a new copy while the old one is read, and rows moving
+        on to a shorter stage (models/continuous_batching.py) get theirs beside the old;
+      - the cross-attention keys and values, [rows, heads, source_length, d_k]
+        and [rows, heads, source_length, d_v] per layer (computed once, repeated
+        for every beam);
+      - the next-token logits, [rows, vocab_size] float32.
+    Activations, parameters and XLA's temporaries come on top: decoding that
+    needs more than this cannot run.
+    """
+    rows = batch_size * beam_size
+    itemsize = jnp.dtype(config.dtype).itemsize
+    per_layer = rows * (config.num_heads * config.d_k + config.d_model) * itemsize  # Keys and values.
+    self_cache = per_layer * max_length * config.num_decoder_layers * 2
+    cross_cache = per_layer * source_length * config.num_decoder_layers
+    logits = rows * config.vocab_size * 4
+    return self_cache + cross_cache + logits

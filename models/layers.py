@@ -209,19 +209,28 @@ class DecoderLayer(nn.Module):
         )
 
     def init_cache(self, encoded: Array, max_length: int) -> LayerCache:
-        """The cache before the first step: cross-attention keys/values of `encoded`, empty self-attention slots.
+        """The cache before the first step: empty self-attention slots and the cross-attention keys/values of `encoded`.
 
         Every entry is [batch, heads, length, d_k or d_v] (length: `max_length` slots, or the source's),
         the layout attention's two products read, in the compute dtype they cast to: no step
         transposes or converts a whole cache.
         """
+        return {**self.self_cache(encoded.shape[0], max_length), **self.cross_cache(encoded)}
+
+    def self_cache(self, batch: int, max_length: int) -> LayerCache:
+        """Empty self-attention slots: 'self_key' and 'self_value', [batch, heads, max_length, d_k or d_v] zeros."""
         config = self.config
         dtype = jnp.dtype(config.dtype)
-        cross_key, cross_value = self.cross_attention.project_key_value(encoded)
-        batch = encoded.shape[0]
         return {
             'self_key': jnp.zeros((batch, config.num_heads, max_length, config.d_k), dtype),
             'self_value': jnp.zeros((batch, config.num_heads, max_length, config.d_v), dtype),
+        }
+
+    def cross_cache(self, encoded: Array) -> LayerCache:
+        """'cross_key' and 'cross_value' [batch, heads, src_len, d_k or d_v] of `encoded` [batch, src_len, d_model]."""
+        cross_key, cross_value = self.cross_attention.project_key_value(encoded)
+        dtype = jnp.dtype(self.config.dtype)
+        return {
             'cross_key': jnp.swapaxes(cross_key, 1, 2).astype(dtype),
             'cross_value': jnp.swapaxes(cross_value, 1, 2).astype(dtype),
         }

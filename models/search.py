@@ -1,15 +1,14 @@
 """One hypothesis a row: the greedy and sampling search loop over a next-token function, and what beam search shares.
 
 The search loops (this one, with a token chooser, and beam search in models/beam_search.py) are
-`lax.while_loop`s over rows that each keep their own position, so that a row that is done can be
-replaced by a new sentence between two runs of the loop (`insert_greedy_rows` here,
-`insert_beam_rows` there; models/refill.py drives that) while the others go on. They never emit
-<pad> or <bos>. They take the model as a `NextTokenLogits` function (models/decoding.py binds
-the Transformer to one), so that they can be tested on scripted logits. Tokens are [rows,
-max_length] int32 ids, each row ending at its first <eos> (included) and padded after it; a row
-that reaches its length budget without <eos> is returned as it is. Each row may have a budget of
-its own (at most `max_length`, the arrays' static length), so that a sentence's output does not
-depend on the batch it is in.
+`lax.while_loop`s over rows that each keep their own position and length budget, so that a row
+that is done can take a new sentence between two runs of the loop while the others go on
+(models/continuous_batching.py), and a sentence's output does not depend on the rows beside it.
+They never emit <pad> or <bos>. They take the model as a `NextTokenLogits` function
+(models/decoding.py binds the Transformer to one), so that they can be tested on scripted logits.
+Tokens are [rows, max_length] int32 ids, each row ending at its first <eos> (included) and padded
+after it; a row that reaches its budget (at most `max_length`, the arrays' static length) without
+<eos> is returned as it is.
 """
 
 from collections.abc import Callable
@@ -44,20 +43,6 @@ def row_budgets(budgets: Array | None, rows: int, max_length: int) -> Array:
     return jnp.full((rows,), max_length, jnp.int32) if budgets is None else jnp.asarray(budgets, jnp.int32)
 
 
-def where_rows(take: Array, new: Any, old: Any) -> Any:
-    """Leaves of `new` in the rows where take [rows] is True, of `old` elsewhere (same shapes)."""
-
-    def pick(n, o):
-        return jnp.where(take.reshape(-1, *([1] * (o.ndim - 1))), n, o)
-
-    return jax.tree.map(pick, new, old)
-
-
-def fields_of(record: NamedTuple, names) -> dict:
-    """{name: record.name} for each of `names`."""
-    return {name: getattr(record, name) for name in names}
-
-
 def run_until(step: Callable, carry, done: Callable[[Any], Array], min_done: Array | int | None):
     """Steps `carry` until every row is done, or (min_done given) at least min_done rows are."""
 
@@ -67,13 +52,6 @@ def run_until(step: Callable, carry, done: Callable[[Any], Array], min_done: Arr
         return more if min_done is None else more & (jnp.sum(rows_done) < min_done)
 
     return jax.lax.while_loop(go_on, step, carry)
-
-
-def grown(x: Array, axis: int, size: int, value) -> Array:
-    """x with its axis `axis` grown to `size` entries, the new ones (at its end) equal to `value`."""
-    widths = [(0, 0)] * x.ndim
-    widths[axis] = (0, size - x.shape[axis])
-    return jnp.pad(x, widths, constant_values=value)
 
 
 def first_tokens(shape: tuple[int, ...], bos_id: int, pad_id: int) -> Array:
@@ -142,16 +120,6 @@ def greedy_rows(state, context, finished: Array, budgets: Array | None, *, max_l
         state=state,
         context=context,
     )
-
-
-def insert_greedy_rows(rows: Rows, take: Array, new: Rows) -> Rows:
-    """`rows` with those where take [rows] is True replaced by `new`'s (fresh rows from `greedy_rows`).
-
-    The replaced rows' self-attention cache is kept: its slots past a row's position are masked
-    out, so a new sentence never sees what the old one left there.
-    """
-    fields = ('tokens', 'positions', 'finished', 'budgets', 'context')
-    return rows._replace(**where_rows(take, fields_of(new, fields), fields_of(rows, fields)))
 
 
 def run_greedy(

@@ -202,6 +202,14 @@ class Decoder(nn.Module):
         """The cache for generating up to `max_length` positions from `encoded` [batch, src_len, d_model]."""
         return {f'layers_{i}': layer.init_cache(encoded, max_length) for i, layer in enumerate(self.layers)}
 
+    def self_cache(self, batch: int, max_length: int) -> DecoderCache:
+        """The self-attention part of `init_cache`: every layer's empty slots."""
+        return {f'layers_{i}': layer.self_cache(batch, max_length) for i, layer in enumerate(self.layers)}
+
+    def cross_cache(self, encoded: Array) -> DecoderCache:
+        """The cross-attention part of `init_cache`: every layer's keys and values of `encoded`."""
+        return {f'layers_{i}': layer.cross_cache(encoded) for i, layer in enumerate(self.layers)}
+
     def decode_step(
         self, inputs: Array, decoder_input: Array, position: Array, cache: DecoderCache
     ) -> tuple[Array, DecoderCache]:
@@ -299,6 +307,14 @@ class Transformer(nn.Module):
     def init_cache(self, encoded: Array, max_length: int) -> DecoderCache:
         """Key/value cache for generating up to `max_length` tokens from `encoded` [batch, src_len, d_model]."""
         return self.decoder.init_cache(encoded, max_length)
+
+    def self_cache(self, batch: int, max_length: int) -> DecoderCache:
+        """The self-attention part of `init_cache`: per layer 'self_key', 'self_value' [batch, heads, max_length, d]."""
+        return self.decoder.self_cache(batch, max_length)
+
+    def cross_cache(self, encoded: Array) -> DecoderCache:
+        """The cross-attention part of `init_cache`: per layer 'cross_key', 'cross_value' [batch, heads, src_len, d]."""
+        return self.decoder.cross_cache(encoded)
 
     def decode_step(
         self, inputs: Array, decoder_input: Array, position: Array, cache: DecoderCache

@@ -205,10 +205,17 @@ def check_layouts() -> None:
     )
     metrics, translations, batch_sizes = _evaluate_split(state.params, config, mesh, model, pairs)
     _assert(batch_sizes[16] == 12, batch_sizes)
+    # Beam search in rows split over the mesh (models/continuous_batching.py), sentences moving on to shorter stages.
+    beam_config = config.copy_and_resolve_references()
+    beam_config.eval.beam_size, beam_config.eval.per_device_batch_size = 2, 6
+    _, beams, _ = _evaluate_split(state.params, beam_config, mesh, model, pairs)
     _, _, (config, mesh, model) = results["1 device"]
     reference_metrics, reference_translations, _ = _evaluate_split(reference_state.params, config, mesh, model, pairs)
     _assert(np.isclose(metrics["loss"], reference_metrics["loss"], rtol=LOSS_RTOL), (metrics, reference_metrics))
     _assert(translations == reference_translations, ("translations differ", translations, reference_translations))
+    beam_config.mesh.rules = config.mesh.rules
+    _, reference_beams, _ = _evaluate_split(reference_state.params, beam_config, mesh, model, pairs)
+    _assert(beams == reference_beams, ("beam search differs", beams, reference_beams))
     print("layouts: ok")
 
 

@@ -400,8 +400,9 @@ def test_a_rows_output_depends_on_its_budget_not_on_the_batchs_length(search):
 
 
 @pytest.mark.parametrize("alpha", [0.0, 0.6, 1.5])
-def test_a_row_done_once_its_best_is_settled_keeps_the_best_hypothesis_and_stops_sooner(alpha):
-    """settled=1 (a caller that reads the best only) gives the best hypothesis that settling every beam gives."""
+def test_a_row_done_once_its_best_is_settled_keeps_the_best_of_a_search_run_to_every_budget(alpha):
+    """settled=1 (a caller that reads the best only) stops a row once no live hypothesis can beat its best
+    finished one; running every row to its budget (settled=0, no bound) finds the same best, later."""
     rows, beam_size, max_length, vocab_size = 64, 3, 12, 12
     rng = np.random.default_rng(1)
     budgets = jnp.asarray(rng.integers(4, max_length + 1, rows), jnp.int32)
@@ -415,7 +416,7 @@ def test_a_row_done_once_its_best_is_settled_keeps_the_best_hypothesis_and_stops
 
     context = jnp.repeat(jnp.arange(rows), beam_size)
     runs = {}
-    for settled in (1, beam_size):
+    for settled in (1, 0):
         beams = beam_rows(
             (),
             context,
@@ -429,12 +430,24 @@ def test_a_row_done_once_its_best_is_settled_keeps_the_best_hypothesis_and_stops
         runs[settled] = run_beams(
             next_token_logits, beams, alpha=alpha, eos_id=EOS, bos_id=BOS, pad_id=PAD, settled=settled
         )
-    np.testing.assert_array_equal(runs[1].finished_tokens[:, 0], runs[beam_size].finished_tokens[:, 0])
-    np.testing.assert_array_equal(runs[1].finished_scores[:, 0], runs[beam_size].finished_scores[:, 0])
+    np.testing.assert_array_equal(runs[1].finished_tokens[:, 0], runs[0].finished_tokens[:, 0])
+    np.testing.assert_array_equal(runs[1].finished_scores[:, 0], runs[0].finished_scores[:, 0])
     # A done row's position stops: rows stop sooner (or the rule shows nothing), some before their budget.
-    sooner, later = np.asarray(runs[1].positions), np.asarray(runs[beam_size].positions)
-    assert np.all(sooner <= later) and np.sum(sooner) < np.sum(later), (sooner, later)
-    assert np.any(sooner < np.asarray(budgets))
+    sooner, later = np.asarray(runs[1].positions), np.asarray(runs[0].positions)
+    np.testing.assert_array_equal(later, budgets)
+    assert np.all(sooner <= later) and np.any(sooner < later), (sooner, later)
+
+
+def test_beam_search_returns_only_the_hypotheses_it_settled():
+    """A search asked to settle the best hypothesis returns that one alone: the others may still change."""
+    scripted = _scripted_model({0: {5: 0.6, 6: 0.4}, 1: {EOS: 0.9, 7: 0.1}})
+    tokens, scores = jax.jit(
+        lambda: beam_search_loop(
+            scripted, (), jnp.zeros(1, bool), beam_size=2, alpha=0.6, max_length=6, settled=1, **_IDS
+        )
+    )()
+    assert tokens.shape == (1, 1, 6) and scores.shape == (1, 1)
+    np.testing.assert_array_equal(tokens[0, 0, :3], [5, EOS, PAD])
 
 
 def test_top_extensions_compile_to_topk_routines_not_sorts_on_the_cpu():

@@ -168,6 +168,17 @@ def test_auto_picks_cudnn_where_safe_on_gpus_in_bfloat16_only(monkeypatch):
     assert build.attention_implementation('cudnn', 'bfloat16', 64) == 'cudnn'  # What a config names stands.
 
 
+def test_auto_keeps_the_explicit_formula_on_rocm_gpus_which_have_no_cudnn(monkeypatch):
+    """ROCm's backend is 'gpu' too: its platform version tells it from CUDA's."""
+    rocm = types.SimpleNamespace(client=types.SimpleNamespace(platform_version='rocm 60300'))
+    monkeypatch.setattr(jax, 'default_backend', lambda: 'gpu')
+    monkeypatch.setattr(jax, 'devices', lambda *args: [rocm])
+    assert build.attention_implementation('auto', 'bfloat16', 64) == 'explicit'
+    assert build.cudnn_applies('gpu', 'cuda 13000', 'bfloat16', 64)
+    assert not build.cudnn_applies('gpu', 'ROCm 6.3.0', 'bfloat16', 64)
+    assert not build.cudnn_applies('cpu', 'cpu', 'bfloat16', 64)
+
+
 def test_the_papers_config_trains_in_bfloat16_with_cudnn_on_a_gpu(monkeypatch):
     config = default.get_config()
     assert config.model.dtype == 'auto'

@@ -31,7 +31,8 @@ from common.errors import UserInputError
 from models import Classifier, ClassifierConfig, Transformer
 from models.attention import MultiHeadAttention, causal_mask, dot_product_attention, segment_mask
 from models.build import make_model
-from models.decoding import beam_search, decoding_memory_bytes, generate
+from models.decoding import beam_search, generate
+from models.decoding_checks import decoding_memory_bytes
 from models.positions import RelativeTerms, relative_distances, rotate
 from models.search import argmax_token
 from training.config_checks import validate_config
@@ -346,12 +347,13 @@ def test_the_decoding_memory_estimate_counts_keys_of_size_d_k():
     cache = jax.eval_shape(
         lambda e: model.apply({'params': params}, e, max_length, method=Transformer.init_cache), encoded
     )
+    self_bytes = sum(leaf.size * leaf.dtype.itemsize for leaf in jax.tree.leaves(cache) if leaf.shape[2] == max_length)
     cache_bytes = sum(leaf.size * leaf.dtype.itemsize for leaf in jax.tree.leaves(cache))
     logits = batch * config.vocab_size * 4
     estimate = decoding_memory_bytes(
         config, batch_size=batch, beam_size=1, source_length=source_length, max_length=max_length
     )
-    assert estimate == cache_bytes + logits
+    assert estimate == cache_bytes + self_bytes + logits  # The self-attention part twice (decoding.py).
 
 
 @pytest.mark.parametrize('variant', ['relative', 'rotary'])

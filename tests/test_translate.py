@@ -6,6 +6,7 @@ import shutil
 import subprocess
 import sys
 
+import jax
 import pytest
 from conftest import REPO_ROOT, WITHOUT_TENSORFLOW, run_entry_point
 
@@ -15,6 +16,9 @@ from training import inference
 from training.tasks import translation, translation_eval
 
 pytestmark = pytest.mark.slow
+
+# jax.monitoring's event for each program compiled, or read from the compilation cache.
+BACKEND_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
 
 
 @pytest.fixture(scope="module")
@@ -197,6 +201,10 @@ def test_decode_speed_times_every_engine_on_every_line_and_profiles_the_search(t
     expected = {"this project, float32", "CTranslate2, float32", "CTranslate2, int8"}
     assert engines == {(engine, beam) for engine in expected for beam in (1, 2)}
     assert figures["lines"] == 40 and all(row["output_subwords"] >= 40 for row in figures["rows"])  # </s> at least.
+    for row in figures[
+        "rows"
+    ]:  # Ours: a program a stage of the tiny config's two, one to narrow; none counted for CT2.
+        assert row["programs_compiled"] in ((1, 2, 3) if row["engine"].startswith("this project") else (None,)), row
     for profile in figures["profiles"].values():
         shares = [bucket["share"] for bucket in profile["buckets"].values()]
         assert abs(sum(shares) - 1) < 1e-6 and profile["buckets"]["matmuls: vocabulary projection"]["share"] > 0
@@ -212,30 +220,34 @@ def test_decode_speed_times_every_engine_on_every_line_and_profiles_the_search(t
     ).read_text(encoding="utf-8")
 
 
-@pytest.mark.parametrize("compiles_ahead", [True, False])
-def test_decoding_compiles_the_later_buckets_ahead_only_where_the_rule_allows(
-    trained_workdir, monkeypatch, compiles_ahead
-):
-    """translation_eval asks `compiles_ahead_in_a_thread` with the mesh's platform and starts the thread only on yes."""
-    asked, compiled = [], []
-    monkeypatch.setattr(
-        translation_eval, "compiles_ahead_in_a_thread", lambda *args: asked.append(args) or compiles_ahead
-    )
-    monkeypatch.setattr(
-        translation_eval.refill, "compile_ahead", lambda decoder, params, fillers, **_: compiled.append(fillers)
-    )
+@pytest.mark.parametrize("beam_size", [1, 4])
+def test_translating_sources_of_every_bucket_compiles_a_program_a_stage_and_one_a_narrowing(trained_workdir, beam_size):
+    """Every program that translation compiles, or reads from the compilation cache, is counted: the config's two
+    buckets make two stages, whatever the number of sentences, their lengths and batches."""
     config = inference.load_config(trained_workdir)
+    config.eval.beam_size = beam_size
     trained = inference.load_trained_model(config, trained_workdir)
     setup = translation.eval_setup(config, trained.model, trained.tokenizer, trained.mesh)
-    short, long = [5, 6, EOS_ID], [5, 6] * (config.dataset.bucket_boundaries[0] // 2 + 1) + [EOS_ID]
-    translation_eval.translate_ids(setup, trained.params, RaggedIds.from_lists([short, long, short]))
-    assert asked == [("cpu", 1)]
-    assert len(compiled) == compiles_ahead  # The second bucket's programs, or nothing.
-    assert [len(fillers) for fillers in compiled] == [2] * compiles_ahead  # A filler batch of each bucket.
+    longest = config.dataset.bucket_boundaries[-1]
+    sentences = 3 * max(setup.batch_sizes.values())
+    sources = [[5 + i % 7] * (1 + i % longest) + [EOS_ID] for i in range(sentences)]  # Some cut.
+    programs = []
+
+    def count(event, duration, **kwargs):
+        if event == BACKEND_COMPILE_EVENT:
+            programs.append(kwargs)
+
+    jax.monitoring.register_event_duration_secs_listener(count)
+    try:
+        outputs = translation_eval.translate_ids(setup, trained.params, RaggedIds.from_lists(sources))
+    finally:
+        jax.monitoring.unregister_event_duration_listener(count)
+    assert len(outputs) == len(sources) and all(outputs)
+    assert len(programs) == 3, programs  # advance at each stage, narrow once.
 
 
 def test_beam_search_batches_hold_as_many_hypotheses_as_greedy_batches_hold_sentences(trained_workdir):
-    """eval.per_device_batch_size counts hypotheses: beam 4 decodes a quarter as many sentences a batch."""
+    """eval.per_device_batch_size counts hypotheses: beam 4 decodes a quarter as many sentences at once."""
     config = inference.load_config(trained_workdir)
     trained = inference.load_trained_model(config, trained_workdir)
 

@@ -1,11 +1,8 @@
 """Validation loss, translation (greedy, beam search or sampling), sacreBLEU and chrF on a split."""
 
-import contextlib
 import dataclasses
 import functools
-import itertools
 import os
-import threading
 from collections.abc import Callable, Iterator, Sequence
 
 import jax
@@ -15,33 +12,38 @@ import sacrebleu
 import sentencepiece as spm
 from absl import logging
 from jax.experimental import multihost_utils
+from jax.sharding import NamedSharding, PartitionSpec
 
 from common import io_errors, processes
 from common.mesh_axes import LogicalRules
 from common.special_ids import BOS_ID, EOS_ID, PAD_ID
 from input_pipeline import batching
 from input_pipeline.datasets import TextPairs
-from models import Transformer, refill
+from models import Transformer, continuous_batching
 from models.decoding import beam_search, decode_length, generate
 from models.search import argmax_token, sampled_token
 from training.reporting.scores import nulls_for_nonfinite, write_scores
-from training.runtime.sharding import num_batch_shards, process_rows, shard_batch
+from training.runtime.sharding import batch_sharding, num_batch_shards, process_rows, shard_batch
 
 EvalFn = Callable  # (params, batch) -> {'nll', 'correct', 'tokens'} sums
 DecodeFn = Callable  # (params, inputs, budgets, rng, max_length=) -> [batch, max_length] ids
 
 
-def make_row_decoder(model: Transformer, eval_config: ml_collections.ConfigDict) -> refill.RowDecoder | None:
-    """Greedy or beam search over rows refilled as sentences finish (models/refill.py); None for sampling.
-
-    Sampling draws step i of batch b from fold_in(fold_in(seed, b), i): it decodes batch by batch.
-    """
+def make_row_decoder(
+    model: Transformer, eval_config: ml_collections.ConfigDict
+) -> continuous_batching.RowDecoder | None:
+    """Greedy or beam search over rows refilled as sentences finish (models/continuous_batching.py); None for
+    sampling, which draws step i of batch b from fold_in(fold_in(seed, b), i): it decodes batch by batch."""
     special = dict(bos_id=BOS_ID, eos_id=EOS_ID, pad_id=PAD_ID)
     if eval_config.temperature > 0:
         return None
     if eval_config.beam_size > 1:
-        return refill.beam_decoder(model, beam_size=eval_config.beam_size, alpha=eval_config.length_penalty, **special)
-    return refill.greedy_decoder(model, **special)
+        search = continuous_batching.beam_search(
+            beam_size=eval_config.beam_size, alpha=eval_config.length_penalty, **special
+        )
+    else:
+        search = continuous_batching.greedy_search(**special)
+    return continuous_batching.row_decoder(model, search, pad_id=PAD_ID)
 
 
 def make_decode_fn(model: Transformer, eval_config: ml_collections.ConfigDict) -> DecodeFn:
@@ -78,14 +80,13 @@ class EvalSetup:
     mesh: jax.sharding.Mesh
     tokenizer: spm.SentencePieceProcessor
     boundaries: Sequence[int]
-    batch_sizes: dict[int, int]
+    batch_sizes: dict[int, int]  # Sentences of a batch of each bucket; the row decoder's rows at each length.
     rules: LogicalRules  # How batches are split over the mesh (config.mesh.rules), as `batch_sizes` were sized.
     max_decode_length: int
     decoding: str = "greedy"  # As `describe_decoding` puts it.
-    row_decoder: refill.RowDecoder | None = None  # Greedy and beam search refill rows; None: batch by batch.
+    # Greedy and beam search decode in rows refilled as sentences end; None (sampling): batch by batch.
+    row_decoder: continuous_batching.RowDecoder | None = None
     seed: int = 0  # Sampling's randomness: batch i uses fold_in(PRNGKey(seed), i).
-    # The input shapes of each sequence of buckets whose programs were compiled ahead (`_compiling_ahead`).
-    compiled_ahead: set = dataclasses.field(default_factory=set, compare=False)
 
     def batches(self, pairs: batching.ParallelIds):
         """`batching.eval_batches` of `pairs`, this process's rows of each."""
@@ -112,102 +113,67 @@ def loss_metrics(setup: EvalSetup, params, pairs: batching.ParallelIds) -> dict[
 def translate_ids(setup: EvalSetup, params, sources: batching.RaggedIds) -> list[list[int]]:
     """Output ids of every source, in their order, each cut before its first <eos> (or padding).
 
-    Sources are batched by their own length, shortest first; those longer than the last bucket
-    are cut to it, keeping their <eos> (callers warn). Each output has the budget of its own
-    source (`decode_length`), whatever batch it is in. An empty source (only <eos>) is not
-    decoded: its output is empty. Every process gets every output.
+    Sources longer than the last bucket are cut to it, keeping their <eos> (callers warn). Each
+    output has the budget of its own source (`decode_length`), whatever rows it is decoded beside.
+    An empty source (only <eos>) is not decoded: its output is empty. Every process gets every output.
     """
     outputs = [[] for _ in range(len(sources))]
     nonempty = np.flatnonzero(sources.lengths > 1)
-    rows = functools.partial(process_rows, mesh=setup.mesh, rules=setup.rules)
-    batches = batching.source_batches(sources.select(nonempty), setup.boundaries, setup.batch_sizes, rows)
-    for index, ids in _decoded(setup, params, batches):
+    for index, ids in _decoded(setup, params, sources.select(nonempty)):
         # Padding follows <eos>, or the last token of an output that its budget ended.
         ends = np.flatnonzero((ids == EOS_ID) | (ids == PAD_ID))
         outputs[nonempty[index]] = (ids[: ends[0]] if len(ends) else ids).tolist()
     return outputs
 
 
-def _decoded(setup: EvalSetup, params, batches) -> Iterator[tuple[int, np.ndarray]]:
-    """(source index, output ids) of every source of `batches`, in no particular order."""
-
-    def with_budgets(batches):
-        for inputs, indices in batches:
-            yield inputs, decode_length(np.sum(inputs != PAD_ID, axis=1), setup.max_decode_length), indices
-
-    def place(inputs, budgets):
-        sharded = shard_batch({"inputs": inputs, "budgets": budgets}, setup.mesh, setup.rules)
-        return sharded["inputs"], sharded["budgets"]
+def _decoded(setup: EvalSetup, params, sources: batching.RaggedIds) -> Iterator[tuple[int, np.ndarray]]:
+    """(source index, output ids) of every source, in no particular order."""
 
     def fetch(array):
         return np.asarray(multihost_utils.process_allgather(array, tiled=True))
 
     if setup.row_decoder is not None:
-        source_batches = [
-            refill.SourceBatch(inputs, budgets, ids, decode_length(inputs.shape[1], setup.max_decode_length))
-            for inputs, budgets, ids in with_budgets(batches)
-        ]
-        row_multiple = num_batch_shards(setup.mesh, setup.rules)
-        platform = setup.mesh.devices.flat[0].platform
-        compiles_ahead = compiles_ahead_in_a_thread(platform, jax.process_count())
-        fillers = _fillers_to_compile(setup, source_batches) if compiles_ahead else []
-        with _compiling_ahead(setup.row_decoder, params, fillers, place, row_multiple):
-            yield from refill.decode_batches(
-                setup.row_decoder, params, source_batches, place=place, fetch=fetch, row_multiple=row_multiple
-            )
+        rows_sharding = batch_sharding(setup.mesh, setup.rules)
+        yield from continuous_batching.decode_sentences(
+            setup.row_decoder,
+            params,
+            [_cut_keeping_eos(sources[i], setup.boundaries[-1]) for i in range(len(sources))],
+            rows=setup.batch_sizes,
+            row_multiple=num_batch_shards(setup.mesh, setup.rules),
+            max_decode_length=setup.max_decode_length,
+            place=functools.partial(_place_rows, sharding=rows_sharding),
+            fetch=fetch,
+            row_sharding=rows_sharding,
+        )
         return
+    rows = functools.partial(process_rows, mesh=setup.mesh, rules=setup.rules)
     base_rng = jax.random.PRNGKey(setup.seed)
-    for batch_index, (inputs, budgets, indices) in enumerate(with_budgets(batches)):
+    for batch_index, (inputs, indices) in enumerate(
+        batching.source_batches(sources, setup.boundaries, setup.batch_sizes, rows)
+    ):
         rng = jax.random.fold_in(base_rng, batch_index)
         max_length = decode_length(inputs.shape[1], setup.max_decode_length)
-        decoded = fetch(setup.decode_fn(params, *place(inputs, budgets), rng, max_length=max_length))
+        budgets = decode_length(np.sum(inputs != PAD_ID, axis=1), setup.max_decode_length)
+        placed = shard_batch({"inputs": inputs, "budgets": budgets}, setup.mesh, setup.rules)
+        decoded = fetch(setup.decode_fn(params, placed["inputs"], placed["budgets"], rng, max_length=max_length))
         yield from zip(indices, decoded[: len(indices)])
 
 
-def compiles_ahead_in_a_thread(platform: str, process_count: int) -> bool:
-    """Whether decoding compiles the later buckets' programs in a thread (`_compiling_ahead`).
-
-    With one process on CPUs only. With several processes, every process must run its programs in
-    the same order. On a GPU, XLA records a loop's body as a CUDA graph the first time it runs, and
-    that capture in the thread made the decoding thread's copies fail
-    (CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED on an H100, docs/decoding.md); there the test split
-    decodes in a fraction of a second once compiled.
-    """
-    return platform == "cpu" and process_count == 1
+def _cut_keeping_eos(ids: np.ndarray, limit: int) -> np.ndarray:
+    """A source cut to `limit` ids, its last (<eos>) kept, as `batching.pad_ids` cuts the batches of the loss."""
+    return ids if len(ids) <= limit else np.concatenate([ids[: limit - 1], ids[-1:]])
 
 
-def _fillers_to_compile(setup: EvalSetup, batches: list[refill.SourceBatch]) -> list[refill.SourceBatch]:
-    """`refill.compile_ahead`'s fillers (a batch of each bucket), where the batches span several buckets of shapes
-    this setup has not compiled yet; otherwise none."""
-    firsts = [next(bucket) for _, bucket in itertools.groupby(batches, key=lambda batch: batch.inputs.shape[1])]
-    shapes = tuple(batch.inputs.shape for batch in firsts)
-    if len(firsts) < 2 or shapes in setup.compiled_ahead:
-        return []
-    setup.compiled_ahead.add(shapes)
-    return [batch.filler(PAD_ID) for batch in firsts]
+def _place_rows(tree, sharding: NamedSharding):
+    """Device arrays of a pytree of host arrays that every process holds whole: leading dimensions split as
+    `sharding` splits a batch, scalars replicated."""
+    replicated = NamedSharding(sharding.mesh, PartitionSpec())
 
+    def place(leaf):
+        leaf = np.asarray(leaf)
+        return jax.make_array_from_callback(leaf.shape, sharding if leaf.ndim else replicated, leaf.__getitem__)
 
-@contextlib.contextmanager
-def _compiling_ahead(decoder: refill.RowDecoder, params, fillers: list, place, row_multiple: int):
-    """Compiles the later buckets' programs in a thread while the first one decodes (`refill.compile_ahead`)."""
-    if not fillers:
-        yield
-        return
-    stop = threading.Event()
-
-    def compile_ahead():
-        try:
-            refill.compile_ahead(decoder, params, fillers, place=place, row_multiple=row_multiple, stop=stop)
-        except Exception as e:  # pylint: disable=broad-except  (decoding compiles what this did not)
-            logging.info("Compiling ahead stopped: %s", e)
-
-    thread = threading.Thread(target=compile_ahead, name="compile_ahead", daemon=True)
-    thread.start()
-    try:
-        yield
-    finally:
-        stop.set()
-        thread.join()
+    return jax.tree.map(place, tree)
 
 
 def translate(setup: EvalSetup, params, pairs: batching.ParallelIds) -> list[str]:

@@ -1,0 +1,315 @@
+"""Continuous batching: many sentences decoded in one fixed set of rows, each row refilled as its sentence ends.
+
+A row holds a sentence (and its beam_size hypotheses) at a position of its own. The host keeps the
+sentences in a queue, longest first, and calls one program, `advance`, again and again: it encodes a
+block of queued sentences into the free rows, then runs the search until a block's worth of rows is
+done; between calls the finished translations are read out. The arrays keep their shapes, so a
+whole split decodes in the same program, however many lengths its sentences have.
+
+Padding every source to the longest one's length would make every step attend over that much
+padding. Sentences therefore pass through a few stages of source length (`stage_lengths`), each at
+most half the last: once every sentence still decoding or queued fits the next stage, the rows move
+on to its shorter arrays (`narrow`), the one other program. A split compiles at most
+2 * MAX_STAGES - 1 programs, and their shapes depend only on the config's bucket boundaries and the
+longest source, so the compilation cache serves later runs.
+
+A sentence's translation is the one decoding it alone gives: every step computes each row on its
+own, at its own position and budget, and the padding a stage adds is masked.
+"""
+
+import dataclasses
+import functools
+from collections import deque
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from models.beam_search import beam_rows, beams_done, run_beams
+from models.decoding import cached_next_token_logits, decode_length, is_filler, source_context
+from models.search import argmax_token, greedy_rows, run_greedy
+from models.transformer import Transformer
+
+Array = jax.Array
+# Host arrays -> device arrays: the leading dimension of each (rows, or a block's sentences) split over
+# the devices as the batch is, scalars replicated. Every process passes the same (global) arrays.
+Place = Callable[[Any], Any]
+# A device array -> the whole of it as numpy, on every process.
+Fetch = Callable[[Array], np.ndarray]
+
+# A block of sentences is admitted once this share of the rows is done: fewer calls, against rows
+# idle while they wait.
+REFILL_SHARE = 1 / 8
+# Stages of source length (each at most half the last): every stage adds one program and one narrowing.
+MAX_STAGES = 3
+
+
+class Block(NamedTuple):
+    """Sentences to admit: inputs [n, src_len] int32 (all-padding rows hold none), budgets [n] int32 and
+    slots [n] int32, the row each goes to (the row count for none: dropped)."""
+
+    inputs: np.ndarray
+    budgets: np.ndarray
+    slots: np.ndarray
+
+
+@dataclasses.dataclass(frozen=True)
+class Search:
+    """Greedy search or beam search as continuous batching drives it (models/search.py, models/beam_search.py).
+
+    copies: hypotheses a sentence (1, or the beam size); state and context have rows * copies rows.
+    fresh(state, context, skip [n], budgets [n], max_length) -> the search of n new sentences.
+    run(next_token_logits, search, min_done) -> search: run until at least min_done rows are done.
+    done(search) -> [rows] bool; best(search) -> [rows, max_length] ids of each row's translation.
+    free_field: the [rows] bool field that marks a row without a sentence.
+    token_fields: the fields whose last axis is max_length + 1 tokens.
+    """
+
+    copies: int
+    fresh: Callable
+    run: Callable
+    done: Callable
+    best: Callable
+    free_field: str
+    token_fields: tuple[str, ...]
+
+
+def greedy_search(*, bos_id: int, eos_id: int, pad_id: int) -> Search:
+    """Greedy search: the most likely token at each step."""
+
+    def fresh(state, context, skip, budgets, max_length):
+        return greedy_rows(state, context, skip, budgets, max_length=max_length, bos_id=bos_id, pad_id=pad_id)
+
+    def run(next_token_logits, rows, min_done):
+        key = jax.random.PRNGKey(0)  # Unused: greedy choice draws nothing.
+        return run_greedy(
+            next_token_logits,
+            argmax_token,
+            rows,
+            key,
+            eos_id=eos_id,
+            bos_id=bos_id,
+            pad_id=pad_id,
+            min_finished=min_done,
+        )
+
+    return Search(1, fresh, run, lambda rows: rows.finished, lambda rows: rows.tokens[:, 1:], 'finished', ('tokens',))
+
+
+def beam_search(*, beam_size: int, alpha: float, bos_id: int, eos_id: int, pad_id: int) -> Search:
+    """Beam search with GNMT's length penalty; only each sentence's best hypothesis is read, so a row is done
+    once that one is settled."""
+
+    def fresh(state, context, skip, budgets, max_length):
+        return beam_rows(
+            state, context, skip, budgets, beam_size=beam_size, max_length=max_length, bos_id=bos_id, pad_id=pad_id
+        )
+
+    def run(next_token_logits, beams, min_done):
+        return run_beams(
+            next_token_logits,
+            beams,
+            alpha=alpha,
+            eos_id=eos_id,
+            bos_id=bos_id,
+            pad_id=pad_id,
+            settled=1,
+            min_done=min_done,
+        )
+
+    def best(beams):
+        return jnp.where(beams.skip[:, None], pad_id, beams.finished_tokens[:, 0, 1:])
+
+    done = functools.partial(beams_done, alpha=alpha, settled=1)
+    return Search(beam_size, fresh, run, done, best, 'skip', ('live_tokens', 'finished_tokens'))
+
+
+def _put_rows(search, fresh, slots: Array):
+    """`search` with rows `slots` [n] replaced by `fresh`'s n rows (slots past the last row: dropped).
+
+    Leaves of rows * copies rows (a sentence's hypotheses) move in blocks of copies.
+    """
+    rows, n = search.budgets.shape[0], slots.shape[0]
+
+    def put(old, new):
+        copies = old.shape[0] // rows
+        by_row = old.reshape(rows, copies, *old.shape[1:])
+        return by_row.at[slots].set(new.reshape(n, copies, *new.shape[1:]), mode='drop').reshape(old.shape)
+
+    names = [name for name in search._fields if name not in ('step', 'state')]
+    return search._replace(**{name: jax.tree.map(put, getattr(search, name), getattr(fresh, name)) for name in names})
+
+
+def _added_free_rows(search, added: int, free_field: str):
+    """`search` with `added` free rows after its own (zeros, marked free in `free_field`)."""
+    rows = search.budgets.shape[0]
+
+    def grow(leaf):
+        added_leaf = jnp.zeros((added * (leaf.shape[0] // rows), *leaf.shape[1:]), leaf.dtype)
+        return jnp.concatenate([leaf, added_leaf])
+
+    names = [name for name in search._fields if name != 'step']
+    grown = search._replace(**{name: jax.tree.map(grow, getattr(search, name)) for name in names})
+    return grown._replace(**{free_field: getattr(grown, free_field).at[rows:].set(True)})
+
+
+@dataclasses.dataclass(frozen=True)
+class RowDecoder:
+    """A `Search` over the Transformer in rows refilled as sentences end: the jitted programs and their shapes.
+
+    advance(params, search, block, min_done, row_sharding=) -> (search, done [rows] bool, best [rows,
+        max_length] ids): `block` admitted, then the search run until at least min_done rows are done.
+    narrow(search, source_length=, max_length=, num_rows=) -> the search in arrays that short, grown to
+        num_rows rows (static), the new ones free.
+    """
+
+    model: Transformer
+    search: Search
+    pad_id: int
+    advance: Callable
+    narrow: Callable
+
+    def empty(self, params, rows: int, source_length: int, max_length: int, place: Place):
+        """The search of `rows` free rows, made on the host: no program is compiled for it."""
+
+        def fresh(params):
+            copies = self.search.copies
+            inputs = jnp.zeros((rows, source_length), jnp.int32)
+            state = self.model.apply({'params': params}, rows * copies, max_length, method=Transformer.self_cache)
+            context = source_context(self.model, params, inputs, copies)
+            return self.search.fresh(state, context, jnp.ones(rows, bool), jnp.zeros(rows, jnp.int32), max_length)
+
+        empty = jax.tree.map(lambda leaf: np.zeros(leaf.shape, leaf.dtype), jax.eval_shape(fresh, params))
+        return place(empty._replace(**{self.search.free_field: np.ones(rows, bool)}))
+
+
+def row_decoder(model: Transformer, search: Search, *, pad_id: int) -> RowDecoder:
+    """The `RowDecoder` of `search` over `model`."""
+
+    def advance(params, rows, block: Block, min_done, *, row_sharding):
+        context = source_context(model, params, block.inputs, search.copies)
+        max_length = getattr(rows, search.token_fields[0]).shape[-1] - 1
+        fresh = search.fresh((), context, is_filler(block.inputs, pad_id), block.budgets, max_length)
+        rows = _put_rows(rows, fresh, block.slots)
+        rows = search.run(functools.partial(cached_next_token_logits, model, params), rows, min_done)
+        if row_sharding is not None:  # Each call's search as the last: one program serves them all.
+            rows = jax.tree.map(
+                lambda leaf: jax.lax.with_sharding_constraint(leaf, row_sharding) if leaf.ndim else leaf, rows
+            )
+        return rows, search.done(rows), search.best(rows)
+
+    def narrow(rows, *, source_length: int, max_length: int, num_rows: int):
+        def cut(caches, length):  # Leaves [rows, heads, length, d].
+            return jax.tree.map(lambda leaf: leaf[:, :, :length], caches)
+
+        context = {
+            'inputs': rows.context['inputs'][:, :source_length],
+            'cross': cut(rows.context['cross'], source_length),
+        }
+        tokens = {name: getattr(rows, name)[..., : max_length + 1] for name in search.token_fields}
+        rows = rows._replace(**tokens, state=cut(rows.state, max_length), context=context)
+        return _added_free_rows(rows, num_rows - rows.budgets.shape[0], search.free_field)
+
+    return RowDecoder(
+        model,
+        search,
+        pad_id,
+        advance=jax.jit(advance, static_argnames=('row_sharding',), donate_argnums=(1,)),
+        narrow=jax.jit(narrow, static_argnames=('source_length', 'max_length', 'num_rows')),
+    )
+
+
+def stage_lengths(source_lengths: np.ndarray, boundaries: Sequence[int]) -> list[int]:
+    """The source lengths of the stages, longest first: the bucket boundary that holds the longest source, then
+    up to MAX_STAGES - 1 more, each the longest boundary at most half the last that some source fits."""
+    longest = int(np.max(source_lengths))
+    stages = [next((b for b in boundaries if b >= longest), boundaries[-1])]
+    while len(stages) < MAX_STAGES:
+        shorter = [b for b in boundaries if b <= stages[-1] // 2 and np.any(source_lengths <= b)]
+        if not shorter:
+            break
+        stages.append(max(shorter))
+    return stages
+
+
+class Stage(NamedTuple):
+    """Rows for sources up to source_length ids: `rows` sentences with outputs up to max_length, `block_rows` of
+    them admitted a call."""
+
+    source_length: int
+    max_length: int
+    rows: int
+    block_rows: int
+
+
+def decode_sentences(
+    decoder: RowDecoder,
+    params: Any,
+    sources: Sequence[np.ndarray],
+    *,
+    rows: Mapping[int, int],
+    row_multiple: int = 1,
+    max_decode_length: int,
+    place: Place,
+    fetch: Fetch,
+    row_sharding=None,
+) -> Iterator[tuple[int, np.ndarray]]:
+    """Decodes every source in a set of rows, longest first, each row refilled as its sentence ends.
+
+    Args:
+        decoder: greedy or beam search over the model.
+        params: the model parameters.
+        sources: [length] int32 ids of each sentence, ending with <eos>, at most max(rows) long.
+        rows: the sentences decoded at once in a stage of each source length the stages may take (the
+            bucket boundaries, with about as many source ids in each: shorter stages decode more rows).
+        row_multiple: the devices the rows are split over: every stage's rows and blocks a multiple of it.
+        max_decode_length: caps each sentence's budget (`decode_length` of its length).
+        place, fetch: between host and device arrays; row_sharding: how rows are split (None: one device).
+
+    Yields:
+        (sentence index, its output ids [max_length of a stage]) as each is done, in no particular order.
+    """
+    if not len(sources):
+        return
+    lengths = np.array([len(source) for source in sources])
+    stages, most_rows = [], 0
+    for length in stage_lengths(lengths, sorted(rows)):
+        most_rows = max(most_rows, rows[length])  # Rows never fall: live sentences keep theirs.
+        block_rows = -(-int(most_rows * REFILL_SHARE) // row_multiple) * row_multiple
+        stages.append(Stage(length, decode_length(length, max_decode_length), most_rows, max(row_multiple, block_rows)))
+    queue = deque(np.argsort(-lengths, kind='stable').tolist())
+    stage = stages.pop(0)
+    search = decoder.empty(params, stage.rows, stage.source_length, stage.max_length, place)
+    slots = np.full(stage.rows, -1)  # The sentence in each row; -1: none.
+    while queue or np.any(slots >= 0):
+        fits_next = lambda length: bool(stages) and length <= stages[0].source_length  # noqa: E731
+        while (
+            stages and all(map(fits_next, lengths[slots[slots >= 0]])) and (not queue or fits_next(lengths[queue[0]]))
+        ):
+            stage = stages.pop(0)
+            search = decoder.narrow(
+                search, source_length=stage.source_length, max_length=stage.max_length, num_rows=stage.rows
+            )
+            slots = np.concatenate([slots, np.full(stage.rows - len(slots), -1)])
+        block = _next_block(sources, lengths, queue, slots, stage, max_decode_length, decoder.pad_id)
+        min_done = stage.block_rows if queue else stage.rows  # A block's worth of free rows, or the end.
+        search, done, best = decoder.advance(params, search, place(block), min_done, row_sharding=row_sharding)
+        done, best = fetch(done), fetch(best)
+        for row in np.flatnonzero(done & (slots >= 0)):
+            yield int(slots[row]), best[row]
+            slots[row] = -1
+
+
+def _next_block(sources, lengths, queue: deque, slots: np.ndarray, stage: Stage, max_decode_length: int, pad_id: int):
+    """The next queued sentences, up to a block and the free rows, as a `Block` of the stage's source length;
+    their rows are marked in `slots`."""
+    inputs = np.full((stage.block_rows, stage.source_length), pad_id, np.int32)
+    budgets = np.zeros(stage.block_rows, np.int32)
+    targets = np.full(stage.block_rows, len(slots), np.int32)
+    for i, row in enumerate(np.flatnonzero(slots < 0)[: min(stage.block_rows, len(queue))]):
+        sentence = queue.popleft()
+        inputs[i, : lengths[sentence]] = sources[sentence]
+        budgets[i], targets[i], slots[row] = decode_length(lengths[sentence], max_decode_length), row, sentence
+    return Block(inputs, budgets, targets)
