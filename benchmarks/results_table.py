@@ -91,15 +91,21 @@ def _export_agreement(figures: dict) -> str:
 
 
 def _decode_speed(figures: dict) -> str:
-    """Decoding's output subwords/s by beam size: this project's 'auto', and CTranslate2 float32 where it ran."""
+    """Decoding's output subwords/s by beam size: this project's 'auto' (or float32 where 'auto' did not run), and
+    CTranslate2 float32 where it ran."""
     beams = sorted({row["beam_size"] for row in figures["rows"]})
-    engines = (("ours 'auto'", "this project, auto"), ("CTranslate2 float32", "CTranslate2, float32"))
+    present = {row["engine"] for row in figures["rows"]}
+    ours = (
+        ("ours 'auto'", "this project, auto")
+        if "this project, auto" in present
+        else ("ours float32", "this project, float32")
+    )
+    engines = (ours, ("CTranslate2 float32", "CTranslate2, float32"))
 
     def by_beam(engine: str) -> str:
         speeds = {r["beam_size"]: r["output_subwords_per_second"] for r in figures["rows"] if r["engine"] == engine}
         return " / ".join(f"{speeds[beam]:,.0f}" if beam in speeds else "-" for beam in beams)
 
-    present = {row["engine"] for row in figures["rows"]}
     searches = " / ".join("greedy" if beam == 1 else f"beam {beam}" for beam in beams)
     return f"output subwords/s, {searches}: " + "; ".join(
         f"{name} {by_beam(engine)}" for name, engine in engines if engine in present

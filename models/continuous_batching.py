@@ -59,7 +59,8 @@ class Block(NamedTuple):
 class Search:
     """Greedy search or beam search as continuous batching drives it (models/search.py, models/beam_search.py).
 
-    copies: hypotheses a sentence (1, or the beam size); state and context have rows * copies rows.
+    copies: hypotheses a sentence (1, or the beam size): the state (self-attention cache) has rows * copies rows,
+        the context (the sources) one a sentence.
     fresh(state, context, skip [n], budgets [n], max_length) -> the search of n new sentences.
     run(next_token_logits, search, min_done) -> search: run until at least min_done rows are done.
     done(search) -> [rows] bool; best(search) -> [rows, max_length] ids of each row's translation.
@@ -127,16 +128,11 @@ def beam_search(*, beam_size: int, alpha: float, bos_id: int, eos_id: int, pad_i
 
 
 def _put_rows(search, fresh, slots: Array):
-    """`search` with rows `slots` [n] replaced by `fresh`'s n rows (slots past the last row: dropped).
-
-    Leaves of rows * copies rows (a sentence's hypotheses) move in blocks of copies.
-    """
-    rows, n = search.budgets.shape[0], slots.shape[0]
+    """`search` with rows `slots` [n] replaced by `fresh`'s n rows (slots past the last row: dropped); every
+    field but the self-attention cache (whose slots past a row's position are masked) has a leaf a sentence."""
 
     def put(old, new):
-        copies = old.shape[0] // rows
-        by_row = old.reshape(rows, copies, *old.shape[1:])
-        return by_row.at[slots].set(new.reshape(n, copies, *new.shape[1:]), mode='drop').reshape(old.shape)
+        return old.at[slots].set(new, mode='drop')
 
     names = [name for name in search._fields if name not in ('step', 'state')]
     return search._replace(**{name: jax.tree.map(put, getattr(search, name), getattr(fresh, name)) for name in names})
@@ -178,7 +174,7 @@ class RowDecoder:
             copies = self.search.copies
             inputs = jnp.zeros((rows, source_length), jnp.int32)
             state = self.model.apply({'params': params}, rows * copies, max_length, method=Transformer.self_cache)
-            context = source_context(self.model, params, inputs, copies)
+            context = source_context(self.model, params, inputs)
             return self.search.fresh(state, context, jnp.ones(rows, bool), jnp.zeros(rows, jnp.int32), max_length)
 
         empty = jax.tree.map(lambda leaf: np.zeros(leaf.shape, leaf.dtype), jax.eval_shape(fresh, params))
@@ -189,7 +185,7 @@ def row_decoder(model: Transformer, search: Search, *, pad_id: int) -> RowDecode
     """The `RowDecoder` of `search` over `model`."""
 
     def advance(params, rows, block: Block, min_done, *, row_sharding):
-        context = source_context(model, params, block.inputs, search.copies)
+        context = source_context(model, params, block.inputs)
         max_length = getattr(rows, search.token_fields[0]).shape[-1] - 1
         fresh = search.fresh((), context, is_filler(block.inputs, pad_id), block.budgets, max_length)
         rows = _put_rows(rows, fresh, block.slots)

@@ -41,14 +41,12 @@ def _merge_cache(self_part: DecoderCache, cross_part: DecoderCache) -> DecoderCa
     return {layer: {**self_part[layer], **cross_part[layer]} for layer in self_part}
 
 
-def source_context(model: Transformer, params: Any, inputs: Array, copies: int = 1) -> dict:
-    """What the cached decoder reads of the sources: {'inputs': [rows, src_len] ids, 'cross': the cross-attention
-    keys and values, per layer [rows, heads, src_len, d]}, rows = batch * copies (row b * copies + j is a copy of
-    source b). The encoder and the key and value projections run once per source."""
+def source_context(model: Transformer, params: Any, inputs: Array) -> dict:
+    """What the cached decoder reads of the sources [batch, src_len]: {'inputs': the ids, 'cross': the cross-attention
+    keys and values, per layer [batch, heads, src_len, d]}, once a source whatever its hypotheses."""
     variables = {'params': params}
     encoded = model.apply(variables, inputs, method=Transformer.encode, deterministic=True)
-    cross = model.apply(variables, encoded, method=Transformer.cross_cache)
-    return jax.tree.map(lambda x: jnp.repeat(x, copies, axis=0), {'inputs': inputs, 'cross': cross})
+    return {'inputs': inputs, 'cross': model.apply(variables, encoded, method=Transformer.cross_cache)}
 
 
 def model_next_token_logits(
@@ -67,8 +65,8 @@ def model_next_token_logits(
             batch * copies, the copies of source b being rows b * copies + j.
 
     Returns:
-        (next_token_logits, state: the self-attention cache, context: see `source_context`),
-        state and context with batch * copies rows.
+        (next_token_logits, state: the self-attention cache of batch * copies rows, context:
+        `source_context`'s, or without the cache the sources and their encodings repeated for every copy).
     """
     if not use_cache:
         variables = {'params': params}
@@ -90,7 +88,7 @@ def model_next_token_logits(
 
     state = model.apply({'params': params}, inputs.shape[0] * copies, max_length, method=Transformer.self_cache)
     next_token_logits = functools.partial(cached_next_token_logits, model, params)
-    return next_token_logits, state, source_context(model, params, inputs, copies)
+    return next_token_logits, state, source_context(model, params, inputs)
 
 
 def cached_next_token_logits(

@@ -84,9 +84,8 @@ def decoding_memory_bytes(
         compute dtype, twice: beam search's reordering by beam (`_gather_beams` in
         models/beam_search.py) writes a new copy while the old one is read, and rows moving
         on to a shorter stage (models/continuous_batching.py) get theirs beside the old;
-      - the cross-attention keys and values, [rows, heads, source_length, d_k]
-        and [rows, heads, source_length, d_v] per layer (computed once, repeated
-        for every beam);
+      - the cross-attention keys and values, [batch_size, heads, source_length, d_k]
+        and [batch_size, heads, source_length, d_v] per layer (once a sentence, whatever its beams);
       - the next-token logits, [rows, vocab_size] float32.
     Activations, parameters and XLA's temporaries come on top: decoding that
     needs more than this cannot run.
@@ -95,6 +94,6 @@ def decoding_memory_bytes(
     itemsize = jnp.dtype(config.dtype).itemsize
     per_layer = rows * (config.num_heads * config.d_k + config.d_model) * itemsize  # Keys and values.
     self_cache = per_layer * max_length * config.num_decoder_layers * 2
-    cross_cache = per_layer * source_length * config.num_decoder_layers
+    cross_cache = per_layer // beam_size * source_length * config.num_decoder_layers
     logits = rows * config.vocab_size * 4
     return self_cache + cross_cache + logits

@@ -242,9 +242,11 @@ class DecoderLayer(nn.Module):
 
         Args:
             x: [batch, 1, d_model] decoder stream at each row's position.
-            cache: from `init_cache` or the previous step.
+            cache: from `init_cache` or the previous step. Its cross-attention part may hold a source's
+                keys and values once for `copies` consecutive rows (beam search's hypotheses of one
+                sentence): [batch / copies, heads, src_len, d].
             positions: [batch] int32, the index of each row's new position (earlier ones are cached).
-            cross_attention_mask: broadcastable to [batch, 1, 1, src_len].
+            cross_attention_mask: broadcastable to [batch / copies, 1, 1, src_len].
 
         Returns:
             The layer output [batch, 1, d_model] and the cache with each row's new
@@ -276,8 +278,10 @@ class DecoderLayer(nn.Module):
             )
 
         def cross_attend(h: Array) -> Array:
-            return self.cross_attention.attend(
-                h,
+            # A source's rows attend to its keys as queries of one row: its keys and values are read once.
+            sources = cache['cross_key'].shape[0]
+            attended = self.cross_attention.attend(
+                h.reshape(sources, -1, h.shape[-1]),
                 cache['cross_key'],
                 cache['cross_value'],
                 cross_attention_mask,
@@ -285,5 +289,6 @@ class DecoderLayer(nn.Module):
                 implementation='explicit',
                 heads_first=True,
             )
+            return attended.reshape(h.shape)
 
         return self._sublayers(x, self_attend, cross_attend, deterministic=True), new_cache

@@ -216,7 +216,8 @@ class Decoder(nn.Module):
         """Hidden state [batch, 1, d_model] of one new position of each row, and the extended cache.
 
         Args:
-            inputs: [batch, src_len] source ids, for the source padding mask.
+            inputs: [batch, src_len] source ids, for the source padding mask; or [batch / copies, src_len]
+                where `copies` consecutive rows share a source, and the cache's cross-attention part too.
             decoder_input: [batch, 1] the id at each row's position (bos at position 0).
             position: [] or [batch] int32, the position of every row or of each.
             cache: from `init_cache` or the previous step.
@@ -324,7 +325,9 @@ class Transformer(nn.Module):
         Equal to `decode(...)[:, position]` on the whole prefix, at the cost of one position.
 
         Args:
-            inputs: [batch, src_len] source ids, for the source padding mask.
+            inputs: [batch, src_len] source ids, for the source padding mask; or [batch / copies, src_len],
+                `copies` consecutive rows sharing a source and its cross-attention keys and values
+                (beam search's hypotheses: `Decoder.decode_step`).
             decoder_input: [batch, 1] the id at each row's position (bos_id at position 0).
             position: [] or [batch] int32: rows may be at different positions.
             cache: from `init_cache` or the previous step.

@@ -31,6 +31,9 @@ from models.attention import (
 )
 from training.losses import token_metrics
 
+# A CUDA device's client, as a fake GPU device carries it (models/build.py tells ROCm from CUDA by it).
+_CUDA = types.SimpleNamespace(platform_version='cuda 13000')
+
 # exp(lse) of a row must be a finite float32 for a kernel that recomputes exp(logit - lse).
 LOWEST_SAFE_LOG_SUM_EXP = -float(np.log(np.finfo(np.float32).max))
 
@@ -183,6 +186,8 @@ def test_the_papers_config_trains_in_bfloat16_with_cudnn_on_a_gpu(monkeypatch):
     config = default.get_config()
     assert config.model.dtype == 'auto'
     monkeypatch.setattr(jax, 'default_backend', lambda: 'gpu')
-    monkeypatch.setattr(jax, 'devices', lambda: [types.SimpleNamespace(compute_capability='9.0')])  # H100.
+    monkeypatch.setattr(
+        jax, 'devices', lambda: [types.SimpleNamespace(compute_capability='9.0', client=_CUDA)]
+    )  # H100.
     model = build.make_model(config, vocab_size=24)
     assert (model.config.dtype, model.config.attention_implementation) == ('bfloat16', 'cudnn_where_safe')

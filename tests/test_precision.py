@@ -18,6 +18,9 @@ from models.build import make_model
 from training.state import create_train_state
 from training.steps import train_step, translation_loss
 
+# A CUDA device's client, as a fake GPU device carries it (models/build.py tells ROCm from CUDA by it).
+_CUDA = types.SimpleNamespace(platform_version="cuda 13000")
+
 # `stablehlo.dot_general %a, %b, ... : (tensor<...xbf16>, tensor<...xbf16>) -> tensor<...xf32>`
 DOT_GENERAL = re.compile(
     r"stablehlo\.dot_general .*: \(tensor<[^>]*x(\w+)>, tensor<[^>]*x(\w+)>\) -> tensor<[^>]*x(\w+)>"
@@ -152,10 +155,14 @@ def test_auto_dtype_on_accelerators_and_in_the_model(monkeypatch):
     config = default.get_config()
     assert make_model(config, vocab_size=24).config.dtype == build.compute_dtype("auto")
     monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
-    monkeypatch.setattr(jax, "devices", lambda: [types.SimpleNamespace(compute_capability="9.0")])  # H100.
+    monkeypatch.setattr(
+        jax, "devices", lambda: [types.SimpleNamespace(compute_capability="9.0", client=_CUDA)]
+    )  # H100.
     assert build.compute_dtype("auto", "/proc/cpuinfo") == "bfloat16"
     assert make_model(config, vocab_size=24).config.dtype == "bfloat16"
-    monkeypatch.setattr(jax, "devices", lambda: [types.SimpleNamespace(compute_capability="7.0")])  # V100.
+    monkeypatch.setattr(
+        jax, "devices", lambda: [types.SimpleNamespace(compute_capability="7.0", client=_CUDA)]
+    )  # V100.
     assert build.compute_dtype("auto", "/proc/cpuinfo") == "float32"
     monkeypatch.setattr(jax, "default_backend", lambda: "tpu")
     assert build.compute_dtype("auto", "/proc/cpuinfo") == "bfloat16"
