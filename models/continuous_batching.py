@@ -1,20 +1,15 @@
-"""Continuous batching: many sentences decoded in one fixed set of rows, each row refilled as its sentence ends.
+"""Continuous batching: many sentences decoded in one set of rows, each row refilled as its sentence ends.
 
-A row holds a sentence (and its beam_size hypotheses) at a position of its own. The host keeps the
-sentences in a queue, longest first, and calls one program, `advance`, again and again: it encodes a
-block of queued sentences into the free rows, then runs the search until a block's worth of rows is
-done; between calls the finished translations are read out. The arrays keep their shapes, so a
-whole split decodes in the same program, however many lengths its sentences have.
-
-Padding every source to the longest one's length would make every step attend over that much
-padding. Sentences therefore pass through a few stages of source length (`stage_lengths`), each at
-most half the last: once every sentence still decoding or queued fits the next stage, the rows move
-on to its shorter arrays (`narrow`), the one other program. A split compiles at most
-2 * MAX_STAGES - 1 programs, and their shapes depend only on the config's bucket boundaries and the
-longest source, so the compilation cache serves later runs.
-
-A sentence's translation is the one decoding it alone gives: every step computes each row on its
-own, at its own position and budget, and the padding a stage adds is masked.
+A row holds a sentence (and its hypotheses) at a position and budget of its own. The host queues the
+sentences, longest first, and calls one program, `advance`, again and again: it encodes a block of them
+into free rows, then runs the search until a block's worth of rows is done, whose translations are read
+out between calls. The arrays keep their shapes, so a split decodes in one program whatever its lengths.
+Lest every step attend over the longest source's padding, sentences pass through a few stages of falling
+source length (`stage_lengths`): once every sentence left fits the next stage, the rows move on to its
+shorter arrays and more rows (`narrow`, the one other program). A split compiles at most 2 * MAX_STAGES
+- 1 programs, of shapes set by the bucket boundaries, so the compilation cache serves later runs. A
+sentence's translation is the one decoding it alone gives: each row is computed on its own, and the
+padding a stage adds is masked.
 """
 
 import dataclasses
@@ -39,16 +34,14 @@ Place = Callable[[Any], Any]
 # A device array -> the whole of it as numpy, on every process.
 Fetch = Callable[[Array], np.ndarray]
 
-# A block of sentences is admitted once this share of the rows is done: fewer calls, against rows
-# idle while they wait.
+# A block of sentences is admitted once this share of the rows is done: fewer calls, against idle rows.
 REFILL_SHARE = 1 / 8
 # Stages of source length (each at most half the last): every stage adds one program and one narrowing.
 MAX_STAGES = 3
 
 
 class Block(NamedTuple):
-    """Sentences to admit: inputs [n, src_len] int32 (all-padding rows hold none), budgets [n] int32 and
-    slots [n] int32, the row each goes to (the row count for none: dropped)."""
+    """Sentences to admit: inputs [n, src_len], budgets [n], slots [n], the row of each (the row count: none)."""
 
     inputs: np.ndarray
     budgets: np.ndarray
@@ -59,10 +52,10 @@ class Block(NamedTuple):
 class Search:
     """Greedy search or beam search as continuous batching drives it (models/search.py, models/beam_search.py).
 
-    copies: hypotheses a sentence (1, or the beam size): the state (self-attention cache) has rows * copies rows,
-        the context (the sources) one a sentence.
-    fresh(state, context, skip [n], budgets [n], max_length) -> the search of n new sentences.
-    run(next_token_logits, search, min_done) -> search: run until at least min_done rows are done.
+    copies: hypotheses a sentence (1, or the beam size), the rows of the state (the self-attention cache);
+        the context (the sources) has one a sentence.
+    fresh(state, context, skip [n], budgets [n], max_length=) -> the search of n new sentences.
+    run(next_token_logits, search, min_done=) -> the search run until at least min_done rows are done.
     done(search) -> [rows] bool; best(search) -> [rows, max_length] ids of each row's translation.
     free_field: the [rows] bool field that marks a row without a sentence.
     token_fields: the fields whose last axis is max_length + 1 tokens.
@@ -78,47 +71,25 @@ class Search:
 
 
 def greedy_search(*, bos_id: int, eos_id: int, pad_id: int) -> Search:
-    """Greedy search: the most likely token at each step."""
+    """Greedy search: the most likely token at each step (`argmax_token` draws nothing from its key)."""
+    special = dict(bos_id=bos_id, pad_id=pad_id)
 
-    def fresh(state, context, skip, budgets, max_length):
-        return greedy_rows(state, context, skip, budgets, max_length=max_length, bos_id=bos_id, pad_id=pad_id)
-
-    def run(next_token_logits, rows, min_done):
-        key = jax.random.PRNGKey(0)  # Unused: greedy choice draws nothing.
+    def run(next_token_logits, rows, *, min_done):  # The key made as the program is traced: no program of its own.
+        key = jax.random.PRNGKey(0)
         return run_greedy(
-            next_token_logits,
-            argmax_token,
-            rows,
-            key,
-            eos_id=eos_id,
-            bos_id=bos_id,
-            pad_id=pad_id,
-            min_finished=min_done,
+            next_token_logits, rows, choose_token=argmax_token, rng=key, eos_id=eos_id, min_done=min_done, **special
         )
 
+    fresh = functools.partial(greedy_rows, **special)
     return Search(1, fresh, run, lambda rows: rows.finished, lambda rows: rows.tokens[:, 1:], 'finished', ('tokens',))
 
 
 def beam_search(*, beam_size: int, alpha: float, bos_id: int, eos_id: int, pad_id: int) -> Search:
-    """Beam search with GNMT's length penalty; only each sentence's best hypothesis is read, so a row is done
-    once that one is settled."""
-
-    def fresh(state, context, skip, budgets, max_length):
-        return beam_rows(
-            state, context, skip, budgets, beam_size=beam_size, max_length=max_length, bos_id=bos_id, pad_id=pad_id
-        )
-
-    def run(next_token_logits, beams, min_done):
-        return run_beams(
-            next_token_logits,
-            beams,
-            alpha=alpha,
-            eos_id=eos_id,
-            bos_id=bos_id,
-            pad_id=pad_id,
-            settled=1,
-            min_done=min_done,
-        )
+    """Beam search with GNMT's length penalty, of which only each sentence's best hypothesis is read: a row is
+    done once that one is settled."""
+    special = dict(bos_id=bos_id, pad_id=pad_id)
+    run = functools.partial(run_beams, alpha=alpha, eos_id=eos_id, settled=1, **special)
+    fresh = functools.partial(beam_rows, beam_size=beam_size, **special)
 
     def best(beams):
         return jnp.where(beams.skip[:, None], pad_id, beams.finished_tokens[:, 0, 1:])
@@ -142,9 +113,8 @@ def _added_free_rows(search, added: int, free_field: str):
     """`search` with `added` free rows after its own (zeros, marked free in `free_field`)."""
     rows = search.budgets.shape[0]
 
-    def grow(leaf):
-        added_leaf = jnp.zeros((added * (leaf.shape[0] // rows), *leaf.shape[1:]), leaf.dtype)
-        return jnp.concatenate([leaf, added_leaf])
+    def grow(leaf):  # A leaf of rows * copies rows grows by added * copies.
+        return jnp.pad(leaf, [(0, added * (leaf.shape[0] // rows))] + [(0, 0)] * (leaf.ndim - 1))
 
     names = [name for name in search._fields if name != 'step']
     grown = search._replace(**{name: jax.tree.map(grow, getattr(search, name)) for name in names})
@@ -175,7 +145,8 @@ class RowDecoder:
             inputs = jnp.zeros((rows, source_length), jnp.int32)
             state = self.model.apply({'params': params}, rows * copies, max_length, method=Transformer.self_cache)
             context = source_context(self.model, params, inputs)
-            return self.search.fresh(state, context, jnp.ones(rows, bool), jnp.zeros(rows, jnp.int32), max_length)
+            skip, budgets = jnp.ones(rows, bool), jnp.zeros(rows, jnp.int32)
+            return self.search.fresh(state, context, skip, budgets, max_length=max_length)
 
         empty = jax.tree.map(lambda leaf: np.zeros(leaf.shape, leaf.dtype), jax.eval_shape(fresh, params))
         return place(empty._replace(**{self.search.free_field: np.ones(rows, bool)}))
@@ -187,9 +158,9 @@ def row_decoder(model: Transformer, search: Search, *, pad_id: int) -> RowDecode
     def advance(params, rows, block: Block, min_done, *, row_sharding):
         context = source_context(model, params, block.inputs)
         max_length = getattr(rows, search.token_fields[0]).shape[-1] - 1
-        fresh = search.fresh((), context, is_filler(block.inputs, pad_id), block.budgets, max_length)
+        fresh = search.fresh((), context, is_filler(block.inputs, pad_id), block.budgets, max_length=max_length)
         rows = _put_rows(rows, fresh, block.slots)
-        rows = search.run(functools.partial(cached_next_token_logits, model, params), rows, min_done)
+        rows = search.run(functools.partial(cached_next_token_logits, model, params), rows, min_done=min_done)
         if row_sharding is not None:  # Each call's search as the last: one program serves them all.
             rows = jax.tree.map(
                 lambda leaf: jax.lax.with_sharding_constraint(leaf, row_sharding) if leaf.ndim else leaf, rows
@@ -231,8 +202,7 @@ def stage_lengths(source_lengths: np.ndarray, boundaries: Sequence[int]) -> list
 
 
 class Stage(NamedTuple):
-    """Rows for sources up to source_length ids: `rows` sentences with outputs up to max_length, `block_rows` of
-    them admitted a call."""
+    """`rows` sentences of up to source_length ids and max_length output tokens, block_rows admitted a call."""
 
     source_length: int
     max_length: int
@@ -252,20 +222,13 @@ def decode_sentences(
     fetch: Fetch,
     row_sharding=None,
 ) -> Iterator[tuple[int, np.ndarray]]:
-    """Decodes every source in a set of rows, longest first, each row refilled as its sentence ends.
+    """Yields (sentence index, output ids [a stage's max_length]) of every source as each is done.
 
-    Args:
-        decoder: greedy or beam search over the model.
-        params: the model parameters.
-        sources: [length] int32 ids of each sentence, ending with <eos>, at most max(rows) long.
-        rows: the sentences decoded at once in a stage of each source length the stages may take (the
-            bucket boundaries, with about as many source ids in each: shorter stages decode more rows).
-        row_multiple: the devices the rows are split over: every stage's rows and blocks a multiple of it.
-        max_decode_length: caps each sentence's budget (`decode_length` of its length).
-        place, fetch: between host and device arrays; row_sharding: how rows are split (None: one device).
-
-    Yields:
-        (sentence index, its output ids [max_length of a stage]) as each is done, in no particular order.
+    sources: [length] int32 ids of each sentence, ending with <eos>, at most max(rows) long. rows: the sentences
+    decoded at once at each source length a stage may take (the bucket boundaries, with about as many source ids
+    each: shorter stages decode more rows). row_multiple: the devices the rows are split over, which divide every
+    stage's rows and blocks. max_decode_length caps each sentence's budget (`decode_length` of its length).
+    place, fetch: between host and device arrays; row_sharding: how rows are split (None: one device).
     """
     if not len(sources):
         return

@@ -1,15 +1,11 @@
 """Translating a batch with the Transformer: one hypothesis a row (greedy or sampled) or beam search.
 
-The encoder runs once per batch, cross-attention keys/values are computed once
-per sentence, and each step runs the decoder for one new position only
-(`Transformer.decode_step`). With `use_cache=False` the decoder reruns over the
-whole prefix at every step: the reference the cached path is tested and
-benchmarked against. The loops themselves are in models/search.py and
-models/beam_search.py.
-
-Outputs are [batch, max_length] int32 ids, each row ending at its first <eos>
-(included) and padded after it; a row that reaches its budget (`decode_length` of its
-own source, at most `max_length`) without <eos> is returned as it is.
+The encoder runs once per batch, cross-attention keys and values once per sentence, and each step runs the
+decoder for one new position only (`Transformer.decode_step`). With `use_cache=False` the decoder reruns over
+the whole prefix at every step: the reference the cached path is tested against. The loops are in
+models/search.py and models/beam_search.py; decoding many batches, in models/continuous_batching.py. Outputs
+are [batch, max_length] int32 ids, each row ending at its first <eos> (included) and padded after it, or cut
+at its budget (`decode_length` of its own source, at most `max_length`) without one.
 """
 
 import functools
@@ -26,21 +22,6 @@ from models.transformer import DecoderCache, Transformer
 Array = jax.Array
 
 
-def _split_cache(cache: DecoderCache) -> tuple[DecoderCache, DecoderCache]:
-    """(self-attention part, cross-attention part) of a decoder cache.
-
-    The cross-attention keys/values depend only on the source, which all beams of
-    a row share: beam search reorders the self-attention part alone.
-    """
-    self_part = {layer: {n: v for n, v in c.items() if n.startswith('self_')} for layer, c in cache.items()}
-    cross_part = {layer: {n: v for n, v in c.items() if not n.startswith('self_')} for layer, c in cache.items()}
-    return self_part, cross_part
-
-
-def _merge_cache(self_part: DecoderCache, cross_part: DecoderCache) -> DecoderCache:
-    return {layer: {**self_part[layer], **cross_part[layer]} for layer in self_part}
-
-
 def source_context(model: Transformer, params: Any, inputs: Array) -> dict:
     """What the cached decoder reads of the sources [batch, src_len]: {'inputs': the ids, 'cross': the cross-attention
     keys and values, per layer [batch, heads, src_len, d]}, once a source whatever its hypotheses."""
@@ -52,21 +33,12 @@ def source_context(model: Transformer, params: Any, inputs: Array) -> dict:
 def model_next_token_logits(
     model: Transformer, params: Any, inputs: Array, max_length: int, *, use_cache: bool, copies: int = 1
 ) -> tuple[NextTokenLogits, Any, Any]:
-    """The model as a `NextTokenLogits` function, with its initial state and context.
+    """(next_token_logits, state, context): the model as a `NextTokenLogits` function over batch * copies rows (the
+    copies of source b, e.g. its beams, being rows b * copies + j) that generate up to max_length tokens.
 
-    Args:
-        model: the Transformer.
-        params: its parameters.
-        inputs: [batch, src_len] source ids.
-        max_length: the most tokens that will be generated.
-        use_cache: run the decoder for the new position only, on cached keys and
-            values; False reruns it on the whole prefix at every step.
-        copies: hypotheses per source (the beam size): the function's rows are
-            batch * copies, the copies of source b being rows b * copies + j.
-
-    Returns:
-        (next_token_logits, state: the self-attention cache of batch * copies rows, context:
-        `source_context`'s, or without the cache the sources and their encodings repeated for every copy).
+    use_cache: run the decoder for the new position only, on the self-attention cache (the state) and the
+    sources' cross-attention keys and values (`source_context`); False reruns it on the whole prefix at every
+    step, the sources and their encodings repeated for every copy.
     """
     if not use_cache:
         variables = {'params': params}
@@ -96,14 +68,14 @@ def cached_next_token_logits(
 ) -> tuple[Array, DecoderCache]:
     """`NextTokenLogits` of the model with a key/value cache: one decoder step of each row at its position.
 
-    context: `source_context`'s.
+    context: `source_context`'s, whose part of the cache no step changes (nor beam search reorders).
     """
     last = jnp.take_along_axis(tokens, positions[:, None], axis=1)  # [rows, 1]
-    cache = _merge_cache(self_cache, context['cross'])
+    cache = {layer: {**self_cache[layer], **context['cross'][layer]} for layer in self_cache}
     logits, cache = model.apply(
         {'params': params}, context['inputs'], last, positions, cache, method=Transformer.decode_step
     )
-    return logits, _split_cache(cache)[0]
+    return logits, {layer: {name: cache[layer][name] for name in self_cache[layer]} for layer in self_cache}
 
 
 def is_filler(inputs: Array, pad_id: int) -> Array:
@@ -125,25 +97,10 @@ def generate(
     use_cache: bool = True,
     budgets: Array | None = None,
 ) -> Array:
-    """Translates a batch one token a step, each picked by `choose_token` from the model's logits.
-
-    Args:
-        params: the model parameters.
-        inputs: [batch, src_len] int32 source ids, pad_id-padded.
-        rng: PRNG key for a sampling `choose_token` (step i draws from fold_in(rng, i)):
-            the same key gives the same translations. None where nothing is drawn.
-        model: the Transformer.
-        choose_token: `argmax_token` for greedy decoding, `sampled_token(temperature,
-            top_k)` for sampling (models/search.py).
-        max_length: the most tokens to generate (static).
-        bos_id, eos_id, pad_id: special ids.
-        use_cache: see `model_next_token_logits`.
-        budgets: [batch] int, the most tokens of each row (at most max_length), e.g.
-            `decode_length` of each source's length; None: max_length for every row.
-
-    Returns:
-        [batch, max_length] int32 output ids.
-    """
+    """[batch, max_length] int32 ids: a batch of sources [batch, src_len] translated a token a step, each picked by
+    `choose_token` (`argmax_token`, or `sampled_token(temperature, top_k)` drawing step i from fold_in(rng, i):
+    the same key, the same translations). budgets: [batch] int, the most tokens of each row, e.g.
+    `decode_length` of each source's length (None: max_length, static, for every row)."""
     next_token_logits, state, context = model_next_token_logits(model, params, inputs, max_length, use_cache=use_cache)
     return search_loop(
         next_token_logits,
@@ -175,21 +132,10 @@ def beam_search(
     return_all: bool = False,
     budgets: Array | None = None,
 ) -> Array | tuple[Array, Array]:
-    """Translates a batch with beam search and the GNMT length penalty.
-
-    Args:
-        params, inputs, model, max_length, bos_id, eos_id, pad_id, use_cache, budgets:
-            as in `generate`.
-        beam_size: hypotheses kept per sentence (static); 1 equals greedy decoding
-            when alpha is 0.
-        alpha: length penalty exponent (static), see `length_penalty`; the paper uses 0.6.
-        return_all: also return every finished hypothesis and its score.
-
-    Returns:
-        [batch, max_length] int32 ids of the best hypothesis per sentence; with
-        return_all, ([batch, beam_size, max_length] hypotheses best first,
-        [batch, beam_size] scores) instead.
-    """
+    """[batch, max_length] int32 ids of each source's best hypothesis by beam search with GNMT's length penalty
+    (alpha: 0.6 in the paper; beam_size 1 with alpha 0 is greedy decoding); with return_all, every finished
+    hypothesis [batch, beam_size, max_length] best first and their scores [batch, beam_size] instead. The other
+    arguments are `generate`'s."""
     next_token_logits, state, context = model_next_token_logits(
         model, params, inputs, max_length, use_cache=use_cache, copies=beam_size
     )

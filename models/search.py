@@ -1,14 +1,11 @@
 """One hypothesis a row: the greedy and sampling search loop over a next-token function, and what beam search shares.
 
-The search loops (this one, with a token chooser, and beam search in models/beam_search.py) are
-`lax.while_loop`s over rows that each keep their own position and length budget, so that a row
-that is done can take a new sentence between two runs of the loop while the others go on
-(models/continuous_batching.py), and a sentence's output does not depend on the rows beside it.
-They never emit <pad> or <bos>. They take the model as a `NextTokenLogits` function
-(models/decoding.py binds the Transformer to one), so that they can be tested on scripted logits.
-Tokens are [rows, max_length] int32 ids, each row ending at its first <eos> (included) and padded
-after it; a row that reaches its budget (at most `max_length`, the arrays' static length) without
-<eos> is returned as it is.
+The loops (this one with a token chooser, beam search's in models/beam_search.py) are `lax.while_loop`s over
+rows that each keep their own position and budget, so that a row can take a new sentence between two runs
+while the others go on (models/continuous_batching.py), and an output does not depend on its neighbours.
+They never emit <pad> or <bos>, and take the model as a `NextTokenLogits` function (models/decoding.py), so
+that they can be tested on scripted logits. Tokens are [rows, max_length] int32 ids, each row ending at its
+first <eos> (included), padded after it, or cut at its budget (at most `max_length`, static) without one.
 """
 
 from collections.abc import Callable
@@ -48,8 +45,7 @@ def run_until(step: Callable, carry, done: Callable[[Any], Array], min_done: Arr
 
     def go_on(carry):
         rows_done = done(carry)
-        more = ~jnp.all(rows_done)
-        return more if min_done is None else more & (jnp.sum(rows_done) < min_done)
+        return jnp.sum(rows_done) < jnp.minimum(len(rows_done), len(rows_done) if min_done is None else min_done)
 
     return jax.lax.while_loop(go_on, step, carry)
 
@@ -89,15 +85,10 @@ def sampled_token(temperature: float, top_k: int = 0) -> ChooseToken:
 
 
 class Rows(NamedTuple):
-    """Greedy or sampled decoding of one hypothesis a row, each at its own position.
-
-    step: [] int32 steps run (sampling's step i draws from fold_in(rng, i)).
-    tokens: [rows, max_length + 1] int32, <bos> then the generated tokens.
-    positions: [rows] int32 tokens generated (frozen once a row is finished).
-    finished: [rows] bool, ended by <eos> or its budget (or no sentence: a free row).
-    budgets: [rows] int32, the most tokens of each row.
-    state, context: see `NextTokenLogits`.
-    """
+    """Greedy or sampled decoding, one hypothesis a row: step [] int32 steps run (step i of sampling draws from
+    fold_in(rng, i)); tokens [rows, max_length + 1] int32, <bos> then the generated tokens; positions [rows]
+    int32 tokens generated (frozen once finished); finished [rows] bool, ended by <eos> or the budget, or
+    without a sentence; budgets [rows] int32, the most tokens of each row; state, context: `NextTokenLogits`'."""
 
     step: Array
     tokens: Array
@@ -124,19 +115,17 @@ def greedy_rows(state, context, finished: Array, budgets: Array | None, *, max_l
 
 def run_greedy(
     next_token_logits: NextTokenLogits,
-    choose_token: ChooseToken,
     rows: Rows,
-    rng: Array,
     *,
+    choose_token: ChooseToken,
+    rng: Array,
     eos_id: int,
     bos_id: int,
     pad_id: int,
-    min_finished: Array | int | None = None,
+    min_done: Array | int | None = None,
 ) -> Rows:
-    """Extends each unfinished row a token a step until every row has finished (or at least min_finished have).
-
-    A row finishes at <eos> or at its budget, with or without <eos>.
-    """
+    """Extends each unfinished row a token a step (`choose_token`'s, step i drawing from fold_in(rng, i)) until
+    every row has finished, at <eos> or at its budget (or until at least min_done rows have)."""
     num_rows, length = rows.tokens.shape
     row_index = jnp.arange(num_rows)
 
@@ -153,7 +142,7 @@ def run_greedy(
         positions = jnp.where(rows.finished, rows.positions, rows.positions + 1)
         return rows._replace(step=rows.step + 1, tokens=tokens, positions=positions, finished=finished, state=state)
 
-    return run_until(step, rows, lambda rows: rows.finished, min_finished)
+    return run_until(step, rows, lambda rows: rows.finished, min_done)
 
 
 def search_loop(
@@ -170,23 +159,12 @@ def search_loop(
     budgets: Array | None = None,
     context: Any = (),
 ) -> Array:
-    """Extends one hypothesis per row, a token a step, until every row has emitted <eos> or used its budget.
+    """[rows, max_length] int32 ids: one hypothesis a row, a token a step, until every row has ended (`run_greedy`).
 
-    Args:
-        next_token_logits: the model's next-token logits given the tokens so far.
-        choose_token: picks each row's next token from its logits (greedy or sampled).
-        state, context: what next_token_logits carries (the cache and the source, or nothing).
-        finished: [rows] bool, rows that need no decoding (all-padding filler rows):
-            they stay padding and do not hold up the early exit.
-        rng: PRNG key; step i uses fold_in(rng, i).
-        max_length: the most tokens to generate (static).
-        bos_id, eos_id, pad_id: special ids.
-        budgets: [rows] int, the most tokens of each row (at most max_length; None:
-            max_length for every row). A row stops there, with or without <eos>.
-
-    Returns:
-        [rows, max_length] int32 ids.
+    state, context: what next_token_logits carries (the cache and the sources, or nothing). finished: [rows] bool,
+    rows that need no decoding (all-padding filler rows): they stay padding and do not hold up the early exit.
+    budgets: [rows] int, the most tokens of each row (None: max_length, the arrays' static length, for every row).
     """
     rows = greedy_rows(state, context, finished, budgets, max_length=max_length, bos_id=bos_id, pad_id=pad_id)
-    rows = run_greedy(next_token_logits, choose_token, rows, rng, eos_id=eos_id, bos_id=bos_id, pad_id=pad_id)
-    return rows.tokens[:, 1:]
+    special = dict(eos_id=eos_id, bos_id=bos_id, pad_id=pad_id)
+    return run_greedy(next_token_logits, rows, choose_token=choose_token, rng=rng, **special).tokens[:, 1:]
