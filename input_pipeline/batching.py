@@ -143,6 +143,11 @@ def bucket_of(lengths: np.ndarray, boundaries: Sequence[int]) -> np.ndarray:
     return np.searchsorted(np.asarray(boundaries), lengths, side="left")
 
 
+def cut_keeping_eos(ids: np.ndarray, length: int) -> np.ndarray:
+    """A source cut to `length` ids keeping its last, <eos> (the model has only seen inputs that end with it)."""
+    return ids if len(ids) <= length else np.concatenate([ids[: length - 1], ids[-1:]])
+
+
 def pad_ids(side: RaggedIds, indices: np.ndarray, length: int, batch_size: int, *, keep_eos: bool) -> np.ndarray:
     """Pads (or cuts) the sequences at `indices` into [batch_size, length] int32.
 
@@ -156,7 +161,7 @@ def pad_ids(side: RaggedIds, indices: np.ndarray, length: int, batch_size: int, 
     for row, index in enumerate(indices):
         ids = side[index]
         if len(ids) > length:
-            ids = np.concatenate([ids[: length - 1], ids[-1:]]) if keep_eos else ids[:length]
+            ids = cut_keeping_eos(ids, length) if keep_eos else ids[:length]
         padded[row, : len(ids)] = ids
     return padded
 

@@ -99,8 +99,7 @@ def beam_search(*, beam_size: int, alpha: float, bos_id: int, eos_id: int, pad_i
 
 
 def _put_rows(search, fresh, slots: Array):
-    """`search` with rows `slots` [n] replaced by `fresh`'s n rows (slots past the last row: dropped); every
-    field but the self-attention cache (whose slots past a row's position are masked) has a leaf a sentence."""
+    """`search` with rows `slots` [n] replaced by `fresh`'s (past the last row: dropped); the state's are masked."""
 
     def put(old, new):
         return old.at[slots].set(new, mode='drop')
@@ -121,14 +120,23 @@ def _added_free_rows(search, added: int, free_field: str):
     return grown._replace(**{free_field: getattr(grown, free_field).at[rows:].set(True)})
 
 
+def _constrained(search, row_sharding):
+    """`search` split by rows as `row_sharding` says (None: XLA's choice): each call gets it as the last left it."""
+    if row_sharding is None:
+        return search
+    return jax.tree.map(
+        lambda leaf: jax.lax.with_sharding_constraint(leaf, row_sharding) if leaf.ndim else leaf, search
+    )
+
+
 @dataclasses.dataclass(frozen=True)
 class RowDecoder:
     """A `Search` over the Transformer in rows refilled as sentences end: the jitted programs and their shapes.
 
     advance(params, search, block, min_done, row_sharding=) -> (search, done [rows] bool, best [rows,
         max_length] ids): `block` admitted, then the search run until at least min_done rows are done.
-    narrow(search, source_length=, max_length=, num_rows=) -> the search in arrays that short, grown to
-        num_rows rows (static), the new ones free.
+    narrow(search, stage=, row_sharding=) -> the search in the `Stage`'s shorter arrays and more rows (static),
+        the new ones free.
     """
 
     model: Transformer
@@ -141,8 +149,7 @@ class RowDecoder:
         """The search of `rows` free rows, made on the host: no program is compiled for it."""
 
         def fresh(params):
-            copies = self.search.copies
-            inputs = jnp.zeros((rows, source_length), jnp.int32)
+            inputs, copies = jnp.zeros((rows, source_length), jnp.int32), self.search.copies
             state = self.model.apply({'params': params}, rows * copies, max_length, method=Transformer.self_cache)
             context = source_context(self.model, params, inputs)
             skip, budgets = jnp.ones(rows, bool), jnp.zeros(rows, jnp.int32)
@@ -161,30 +168,26 @@ def row_decoder(model: Transformer, search: Search, *, pad_id: int) -> RowDecode
         fresh = search.fresh((), context, is_filler(block.inputs, pad_id), block.budgets, max_length=max_length)
         rows = _put_rows(rows, fresh, block.slots)
         rows = search.run(functools.partial(cached_next_token_logits, model, params), rows, min_done=min_done)
-        if row_sharding is not None:  # Each call's search as the last: one program serves them all.
-            rows = jax.tree.map(
-                lambda leaf: jax.lax.with_sharding_constraint(leaf, row_sharding) if leaf.ndim else leaf, rows
-            )
+        rows = _constrained(rows, row_sharding)
         return rows, search.done(rows), search.best(rows)
 
-    def narrow(rows, *, source_length: int, max_length: int, num_rows: int):
+    def narrow(rows, *, stage, row_sharding):
+        source_length, max_length = stage.source_length, stage.max_length
+
         def cut(caches, length):  # Leaves [rows, heads, length, d].
             return jax.tree.map(lambda leaf: leaf[:, :, :length], caches)
 
-        context = {
-            'inputs': rows.context['inputs'][:, :source_length],
-            'cross': cut(rows.context['cross'], source_length),
-        }
+        inputs, cross = rows.context['inputs'][:, :source_length], cut(rows.context['cross'], source_length)
         tokens = {name: getattr(rows, name)[..., : max_length + 1] for name in search.token_fields}
-        rows = rows._replace(**tokens, state=cut(rows.state, max_length), context=context)
-        return _added_free_rows(rows, num_rows - rows.budgets.shape[0], search.free_field)
+        rows = rows._replace(**tokens, state=cut(rows.state, max_length), context={'inputs': inputs, 'cross': cross})
+        return _constrained(_added_free_rows(rows, stage.rows - rows.budgets.shape[0], search.free_field), row_sharding)
 
     return RowDecoder(
         model,
         search,
         pad_id,
         advance=jax.jit(advance, static_argnames=('row_sharding',), donate_argnums=(1,)),
-        narrow=jax.jit(narrow, static_argnames=('source_length', 'max_length', 'num_rows')),
+        narrow=jax.jit(narrow, static_argnames=('stage', 'row_sharding')),
     )
 
 
@@ -248,9 +251,7 @@ def decode_sentences(
             stages and all(map(fits_next, lengths[slots[slots >= 0]])) and (not queue or fits_next(lengths[queue[0]]))
         ):
             stage = stages.pop(0)
-            search = decoder.narrow(
-                search, source_length=stage.source_length, max_length=stage.max_length, num_rows=stage.rows
-            )
+            search = decoder.narrow(search, stage=stage, row_sharding=row_sharding)
             slots = np.concatenate([slots, np.full(stage.rows - len(slots), -1)])
         block = _next_block(sources, lengths, queue, slots, stage, max_decode_length, decoder.pad_id)
         min_done = stage.block_rows if queue else stage.rows  # A block's worth of free rows, or the end.

@@ -137,7 +137,7 @@ def _decoded(setup: EvalSetup, params, sources: batching.RaggedIds) -> Iterator[
         yield from continuous_batching.decode_sentences(
             setup.row_decoder,
             params,
-            [_cut_keeping_eos(sources[i], setup.boundaries[-1]) for i in range(len(sources))],
+            [batching.cut_keeping_eos(sources[i], setup.boundaries[-1]) for i in range(len(sources))],
             rows=setup.batch_sizes,
             row_multiple=num_batch_shards(setup.mesh, setup.rules),
             max_decode_length=setup.max_decode_length,
@@ -157,11 +157,6 @@ def _decoded(setup: EvalSetup, params, sources: batching.RaggedIds) -> Iterator[
         placed = shard_batch({"inputs": inputs, "budgets": budgets}, setup.mesh, setup.rules)
         decoded = fetch(setup.decode_fn(params, placed["inputs"], placed["budgets"], rng, max_length=max_length))
         yield from zip(indices, decoded[: len(indices)])
-
-
-def _cut_keeping_eos(ids: np.ndarray, limit: int) -> np.ndarray:
-    """A source cut to `limit` ids, its last (<eos>) kept, as `batching.pad_ids` cuts the batches of the loss."""
-    return ids if len(ids) <= limit else np.concatenate([ids[: limit - 1], ids[-1:]])
 
 
 def _place_rows(tree, sharding: NamedSharding):
