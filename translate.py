@@ -86,7 +86,7 @@ def _draw_attention_maps(trained, lines: list[str], translations: list[str], out
 def translate(workdir: str) -> None:
     from training import inference, text_io  # pylint: disable=g-import-not-at-top  (JAX starts here)
     from training.runtime import compilation_cache  # pylint: disable=g-import-not-at-top
-    from training.tasks import translation  # pylint: disable=g-import-not-at-top  (JAX starts here)
+    from training.tasks import translation_eval  # pylint: disable=g-import-not-at-top
 
     config = _CONFIG.value if _CONFIG.value is not None else inference.load_config(workdir)
     if config.task != "translation":
@@ -100,7 +100,7 @@ def translate(workdir: str) -> None:
     trained = inference.load_trained_model(config, workdir, _CHECKPOINT.value)
     decoding = describe_decoding(config.eval)
     logging.info("Translating %d lines: %s, %s.", len(lines), trained.selection.description, decoding)
-    setup = translation.eval_setup(config, trained.model, trained.tokenizer, trained.mesh)
+    setup = translation_eval.eval_setup(config, trained.model, trained.tokenizer, trained.mesh)
     translations = inference.translate_lines(setup, trained.params, sources, config.dataset.max_length)
     text_io.write_output_lines(translations, _OUTPUT.value)  # First: drawing maps may still fail (a full disk).
     if _ATTENTION_MAPS.value:

@@ -41,13 +41,13 @@ from absl import app, flags, logging
 from benchmarks import accelerator_step, ctranslate2_engine, hlo_buckets, xla_profile
 from common import records
 from exporting import exporter
-from input_pipeline.parallel_text import read_lines
+from input_pipeline.text_lines import read_lines
 from models.decoding import decode_length
 from training import inference
 from training.config_checks import validate_config
 from training.reporting.logs import quiet_library_logs
 from training.runtime import host_memory
-from training.tasks import translation
+from training.tasks import translation_eval
 
 records.define_software_note_flag()
 # jax.monitoring's event for each program compiled, or read from the compilation cache.
@@ -76,7 +76,7 @@ def _setup(workdir: str, dtype: str, beam_size: int, alpha: float):
     config.eval.beam_size, config.eval.length_penalty = beam_size, alpha
     validate_config(config)
     trained = inference.load_trained_model(config, workdir)
-    return config, trained, translation.eval_setup(config, trained.model, trained.tokenizer, trained.mesh)
+    return config, trained, translation_eval.eval_setup(config, trained.model, trained.tokenizer, trained.mesh)
 
 
 def _ours(workdir: str, dtype: str, beam_size: int, alpha: float, lines: list[str]):

@@ -36,12 +36,12 @@ from benchmarks import ctranslate2_engine
 from common import records
 from common.special_ids import EOS_ID, PAD_ID
 from exporting import exporter
-from input_pipeline.parallel_text import read_lines
+from input_pipeline.text_lines import read_lines
 from models.decoding import decode_length
 from training import inference
 from training.config_checks import validate_config
 from training.reporting.logs import quiet_library_logs
-from training.tasks import translation
+from training.tasks import translation_eval
 
 records.define_software_note_flag()
 
@@ -70,7 +70,7 @@ def _ours(lines: list[str], dtype: str, decoding: Decoding, passes: int) -> tupl
     config.eval.beam_size, config.eval.length_penalty = decoding.beam_size, decoding.alpha
     validate_config(config)
     trained = inference.load_trained_model(config, _WORKDIR.value)
-    setup = translation.eval_setup(config, trained.model, trained.tokenizer, trained.mesh)
+    setup = translation_eval.eval_setup(config, trained.model, trained.tokenizer, trained.mesh)
     for _ in range(passes):
         start = time.perf_counter()
         translations = inference.translate_lines(setup, trained.params, lines, config.dataset.max_length)

@@ -1,6 +1,5 @@
 """Loads the splits a run needs and turns them into subword ids (and, for classification, label ids)."""
 
-import collections
 import dataclasses
 import os
 from collections.abc import Callable, Sequence
@@ -9,13 +8,15 @@ import ml_collections
 import sentencepiece as spm
 from absl import logging
 
-from common import io_errors, processes
+from common import processes
 from common.errors import UserInputError
 from common.workdir import Workdir
 from input_pipeline import datasets
 from input_pipeline import tokenizer as tokenizer_lib
 from input_pipeline.batching import LabelledIds, ParallelIds
 from input_pipeline.labelled_text import LabelledTexts
+from input_pipeline.labels import Labels, labels_from_training, load_labels, save_labels
+from input_pipeline.text_lines import TextPairs
 
 
 @dataclasses.dataclass(frozen=True)
@@ -29,7 +30,7 @@ class Corpus:
     train_records: Sequence[dict[str, bytes]] | None
     source_lang: str  # The records' keys.
     target_lang: str
-    text: dict[str, datasets.TextPairs]  # Evaluation split -> sentence pairs.
+    text: dict[str, TextPairs]  # Evaluation split -> sentence pairs.
     ids: dict[str, ParallelIds]  # Evaluation split -> subword ids, each sequence ending with <eos>.
 
 
@@ -143,55 +144,6 @@ def _workdir_tokenizer(
 # --------------------------------------------------------------------------- #
 # Classification.
 # --------------------------------------------------------------------------- #
-
-
-@dataclasses.dataclass(frozen=True)
-class Labels:
-    """The classes of a run: the training labels in class-id order, and how often each occurs in training."""
-
-    names: tuple[str, ...]
-    train_counts: tuple[int, ...]
-
-    @property
-    def ids(self) -> dict[str, int]:
-        return {name: i for i, name in enumerate(self.names)}
-
-    @property
-    def majority(self) -> int:
-        """The class id of the most frequent training label (the first of a tie)."""
-        return max(range(len(self.names)), key=lambda i: (self.train_counts[i], -i))
-
-
-def labels_from_training(train_labels: list[str], names: list[str] | None) -> Labels:
-    """The classes of a training split: `names` in order if the dataset declares them, else sorted."""
-    counts = collections.Counter(train_labels)
-    names = list(names) if names is not None else sorted(counts)
-    return Labels(tuple(names), tuple(counts.get(name, 0) for name in names))
-
-
-def save_labels(labels: Labels, workdir: str) -> None:
-    path = Workdir(workdir).labels
-    with io_errors.naming(path), open(path + ".tmp", "w", encoding="utf-8") as f:
-        f.writelines(f"{name}\t{count}\n" for name, count in zip(labels.names, labels.train_counts))
-    os.replace(path + ".tmp", path)
-
-
-def load_labels(workdir: str) -> Labels:
-    """The classes saved in <workdir>/labels.tsv.
-
-    Raises:
-        UserInputError: the workdir holds no (readable) labels file.
-    """
-    path = Workdir(workdir).labels
-    try:
-        with open(path, encoding="utf-8") as f:
-            rows = [line.rstrip("\n").split("\t") for line in f if line.strip()]
-        return Labels(tuple(name for name, _ in rows), tuple(int(count) for _, count in rows))
-    except (OSError, ValueError) as e:
-        raise UserInputError(
-            f"Cannot read the classes of the run from {path} ({type(e).__name__}): {workdir} holds no trained "
-            "classifier. Train first with the same --workdir."
-        ) from None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,6 +1,5 @@
 """Examples from TFDS, by name or from local files: sentence pairs (translation), labelled text (classification)."""
 
-import dataclasses
 import os
 import random
 from collections.abc import Iterable, Iterator, Sequence
@@ -20,21 +19,13 @@ from input_pipeline.labelled_text import LABEL, LabelledText, LabelledTexts
 from input_pipeline.labelled_text import TEXT as LABEL_TEXT
 from input_pipeline.parallel_text import ParallelText
 from input_pipeline.record_source import ArrayRecordSource
+from input_pipeline.text_lines import TextPairs
 
 LOCAL_DATASET = "parallel_text"
 # Datasets are prepared in ArrayRecord files: random access, which training's global shuffle needs, without TensorFlow.
 RECORDS_FORMAT = "array_record"
 TENSORFLOW_EXTRA = 'pip install -e ".[tensorflow]"'  # pyproject.toml's extra.
 _TOKENIZE_CHUNK = 100_000  # Sentences tokenized at a time.
-
-
-@dataclasses.dataclass(frozen=True)
-class TextPairs:
-    sources: list[str]
-    targets: list[str]
-
-    def __len__(self) -> int:
-        return len(self.sources)
 
 
 def make_builder(

@@ -20,7 +20,8 @@ from absl import logging
 
 from common.errors import UserInputError
 from input_pipeline.local_text import LocalTextBuilder, fingerprint
-from input_pipeline.parallel_text import SPLITS, read_lines
+from input_pipeline.parallel_text import SPLITS
+from input_pipeline.text_lines import read_lines
 
 SUFFIX = "tsv"
 TEXT, LABEL = "text", "label"  # The builder's features.

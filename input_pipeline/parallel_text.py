@@ -16,7 +16,6 @@ files; a pair with an empty side is counted here, left out of training by the st
 """
 
 import dataclasses
-import gzip
 import os
 from collections.abc import Iterator
 
@@ -25,6 +24,7 @@ from absl import logging
 
 from common.errors import UserInputError
 from input_pipeline.local_text import LocalTextBuilder, fingerprint
+from input_pipeline.text_lines import decode_line, open_text, read_lines
 
 SPLITS = ("train", "valid", "test")
 _BLOCK_BYTES = 16 << 20  # Read at a time by the checks.
@@ -39,52 +39,6 @@ def split_file(folder: str, split: str, lang: str) -> str | None:
     return None
 
 
-def _open(path: str):
-    return gzip.open(path, "rb") if path.endswith(".gz") else open(path, "rb")
-
-
-def decode_line(raw: bytes, name: str, number: int) -> str:
-    """Line `number` (1-based) of `name` without its line end ('\\n', and a trailing '\\r').
-
-    Raises:
-        UserInputError: if the line is not valid UTF-8, naming `name` and the line.
-    """
-    try:
-        return raw.rstrip(b"\n").decode("utf-8").rstrip("\r")
-    except UnicodeDecodeError as e:
-        raise UserInputError(
-            f"{name}, line {number}: bytes that are not UTF-8 ({e.reason} at "
-            f"byte {e.start}); convert it, e.g. `iconv -f latin1 -t utf-8`."
-        ) from None
-
-
-def read_lines(path: str) -> Iterator[str]:
-    """The lines of a UTF-8 text file (gzipped if it ends in .gz), one at a time, split at '\\n' only.
-
-    Raises:
-        UserInputError: if a line is not valid UTF-8, naming the line.
-    """
-    with _open(path) as f:
-        for number, raw in enumerate(f, start=1):  # Binary files split lines at b'\n' only.
-            yield decode_line(raw, path, number)
-
-
-def decode_lines(data: bytes, name: str) -> list[str]:
-    """The lines of UTF-8 text, split at '\\n' only (a trailing '\\r' is dropped).
-
-    Args:
-        data: the bytes.
-        name: what they were read from (a path, 'stdin'), for the error.
-
-    Raises:
-        UserInputError: if a line is not valid UTF-8, naming `name` and the line.
-    """
-    raw_lines = data.split(b"\n")
-    if raw_lines and raw_lines[-1] == b"":
-        raw_lines.pop()  # The newline that ends the last line.
-    return [decode_line(raw, name, number) for number, raw in enumerate(raw_lines, start=1)]
-
-
 def _scan(path: str) -> tuple[int, bool]:
     """(number of lines, whether any line holds more than whitespace) of a text file, in blocks.
 
@@ -92,7 +46,7 @@ def _scan(path: str) -> tuple[int, bool]:
         UserInputError: if a line is not valid UTF-8, naming the line.
     """
     num_lines, has_text, rest = 0, False, b""
-    with _open(path) as f:
+    with open_text(path) as f:
         while block := f.read(_BLOCK_BYTES):
             block = rest + block
             end = block.rfind(b"\n") + 1  # Whole lines only: UTF-8 never spans a '\n'.

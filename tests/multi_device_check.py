@@ -42,7 +42,7 @@ from training.optimizer import make_optimizer
 from training.runtime import sharding
 from training.state import initial_state, state_shardings
 from training.steps import compile_train_step, eval_step
-from training.tasks import classification, translation, translation_eval
+from training.tasks import classification, translation_eval
 
 NUM_STEPS = 5
 PARAM_ATOL = 2e-5  # Adam's first steps move every weight by ~ the learning rate, 3e-3 here.
@@ -221,7 +221,7 @@ def check_layouts() -> None:
 
 def _evaluate_split(params, config, mesh, model, pairs: ParallelIds):
     """Loss metrics, translations and batch sizes of `pairs` through evaluation's batching, rows and placement."""
-    setup = translation.eval_setup(config, model, None, mesh)
+    setup = translation_eval.eval_setup(config, model, None, mesh)
     metrics = translation_eval.loss_metrics(setup, params, pairs)
     return metrics, translation_eval.translate_ids(setup, params, pairs.sources), setup.batch_sizes
 

@@ -19,8 +19,8 @@ from common.errors import UserInputError
 from common.workdir import Workdir
 from input_pipeline import datasets
 from input_pipeline.corpus import load_corpus
-from input_pipeline.parallel_text import read_lines
 from input_pipeline.record_source import ArrayRecordSource, encode_text_example
+from input_pipeline.text_lines import TextPairs, read_lines
 
 SPLITS = ("train", "valid", "test")
 LANGS = ("en", "de")
@@ -239,7 +239,7 @@ def test_corpus_keeps_train_on_disk_and_tokenizes_the_evaluation_splits(tmp_path
     assert sorted(corpus.text) == sorted(corpus.ids) == ["test", "valid"]  # No train text or ids.
     for split in ("valid", "test"):
         pairs = file_pairs(corpus_dir, split)
-        expected_text = datasets.TextPairs([s for s, _ in pairs], [t for _, t in pairs])
+        expected_text = TextPairs([s for s, _ in pairs], [t for _, t in pairs])
         assert corpus.text[split] == expected_text
         expected = datasets.tokenize(expected_text, corpus.tokenizer)
         for side in ("sources", "targets"):

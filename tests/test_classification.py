@@ -17,7 +17,7 @@ from common.special_ids import BOS_ID, EOS_ID, PAD_ID
 from configs import classify, classify_tiny
 from input_pipeline import batching, datasets, labelled_text
 from input_pipeline.batching import LabelledIds, RaggedIds, TrainBatches
-from input_pipeline.corpus import labels_from_training, load_labels, save_labels
+from input_pipeline.labels import labels_from_training, load_labels, save_labels
 from input_pipeline.record_source import ArrayRecordSource
 from input_pipeline.tokenizer import train_tokenizer
 from models.build import make_model

@@ -29,7 +29,7 @@ from models import Transformer
 from models.decoding import decode_length, generate
 from models.search import argmax_token
 from training import inference
-from training.tasks import translation, translation_eval
+from training.tasks import translation_eval
 
 ctranslate2 = pytest.importorskip("ctranslate2")
 torch = pytest.importorskip("torch")
@@ -125,7 +125,7 @@ class Ours:
         config.eval.beam_size = beam_size
         if length_penalty is not None:
             config.eval.length_penalty = length_penalty
-        setup = translation.eval_setup(config, self.trained.model, self.trained.tokenizer, self.trained.mesh)
+        setup = translation_eval.eval_setup(config, self.trained.model, self.trained.tokenizer, self.trained.mesh)
         sources = [self.trained.tokenizer.encode(s) + [EOS_ID] for s in self.sentences]
         return translation_eval.translate_ids(setup, self.trained.params, RaggedIds.from_lists(sources))
 
@@ -645,7 +645,7 @@ def over_long(ours) -> OverLong:
     sp = ours.trained.tokenizer
     assert len(sp.encode(line)) + 1 > ours.trained.model.config.max_len  # Whole, it fails in both engines.
     cut, _ = tokenizer_lib.encode_sources(sp, [line], config.dataset.max_length)
-    setup = translation.eval_setup(config, ours.trained.model, sp, ours.trained.mesh)
+    setup = translation_eval.eval_setup(config, ours.trained.model, sp, ours.trained.mesh)
     # What translate.py runs: inference.translate_lines with the run's dataset.max_length.
     [text] = inference.translate_lines(setup, ours.trained.params, [line], config.dataset.max_length)
     assert text, "the model translates the line to nothing"

@@ -22,6 +22,7 @@ from common.special_ids import EOS_ID, PAD_ID
 from configs import tiny
 from input_pipeline import batching, datasets, parallel_text
 from input_pipeline.batching import IteratorState, ParallelIds, RaggedIds, TrainBatches
+from input_pipeline.text_lines import TextPairs
 from input_pipeline.tokenizer import train_tokenizer
 
 NUM_LINES = 200
@@ -312,7 +313,7 @@ def tokenizer(tmp_path_factory, corpus_slice):
 
 
 def test_tokenize_appends_eos_to_both_sides(tokenizer, corpus_slice):
-    pairs = datasets.TextPairs(corpus_slice["valid", "en"][:50], corpus_slice["valid", "de"][:50])
+    pairs = TextPairs(corpus_slice["valid", "en"][:50], corpus_slice["valid", "de"][:50])
     ids = datasets.tokenize(pairs, tokenizer)
     assert len(ids) == 50
     for side, texts in ((ids.sources, pairs.sources), (ids.targets, pairs.targets)):

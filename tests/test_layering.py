@@ -174,12 +174,24 @@ def test_the_train_state_and_step_builders_import_no_data_stack():
     subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True)
 
 
+def _assert_imports_leave_out(imports: str, left_out: str) -> None:
+    """Importing the modules `imports` names (in a fresh interpreter) loads no module of the package `left_out`."""
+    code = (
+        f"import sys\nimport {imports}\n"
+        f"loaded = sorted(n for n in sys.modules if n.split('.')[0] == {left_out!r})\nassert not loaded, loaded\n"
+    )
+    subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True)
+
+
 def test_translating_and_training_import_no_matplotlib():
     # Figures are drawn by the code that draws them: importing matplotlib costs every
     # translate.py start half a second (attention maps, confusion matrices).
-    code = (
-        "import sys\n"
-        "import training.inference, training.tasks.translation, training.tasks.classification, training.loop\n"
-        "assert 'matplotlib' not in sys.modules, sorted(n for n in sys.modules if n.startswith('matplotlib'))\n"
-    )
-    subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True)
+    modules = "training.inference, training.tasks.translation, training.tasks.classification, training.loop"
+    _assert_imports_leave_out(modules, "matplotlib")
+
+
+def test_translating_imports_no_tensorflow_datasets():
+    # translate.py reads its lines and restores parameters without the TFDS builders: importing
+    # TensorFlow Datasets costs each start about half a second (input_pipeline/text_lines.py).
+    modules = "translate, training.inference, training.tasks.translation_eval, training.text_io"
+    _assert_imports_leave_out(modules, "tensorflow_datasets")

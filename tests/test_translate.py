@@ -13,7 +13,7 @@ from conftest import REPO_ROOT, WITHOUT_TENSORFLOW, run_entry_point
 from common.special_ids import EOS_ID
 from input_pipeline.batching import RaggedIds
 from training import inference
-from training.tasks import translation, translation_eval
+from training.tasks import translation_eval
 
 pytestmark = pytest.mark.slow
 
@@ -227,7 +227,7 @@ def test_translating_sources_of_every_bucket_compiles_a_program_a_stage_and_one_
     config = inference.load_config(trained_workdir)
     config.eval.beam_size = beam_size
     trained = inference.load_trained_model(config, trained_workdir)
-    setup = translation.eval_setup(config, trained.model, trained.tokenizer, trained.mesh)
+    setup = translation_eval.eval_setup(config, trained.model, trained.tokenizer, trained.mesh)
     longest = config.dataset.bucket_boundaries[-1]
     sentences = 3 * max(setup.batch_sizes.values())
     sources = [[5 + i % 7] * (1 + i % longest) + [EOS_ID] for i in range(sentences)]  # Some cut.
@@ -254,7 +254,7 @@ def test_beam_search_batches_hold_as_many_hypotheses_as_greedy_batches_hold_sent
     def batch_sizes(beam_size):
         beam_config = config.copy_and_resolve_references()
         beam_config.eval.beam_size = beam_size
-        return translation.eval_setup(beam_config, trained.model, trained.tokenizer, trained.mesh).batch_sizes
+        return translation_eval.eval_setup(beam_config, trained.model, trained.tokenizer, trained.mesh).batch_sizes
 
     greedy, beam = batch_sizes(1), batch_sizes(4)
     assert greedy.keys() == beam.keys()

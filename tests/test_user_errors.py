@@ -22,7 +22,7 @@ from test_bad_input import assert_clean_failure, snapshot
 from common import io_errors
 from common.errors import UserInputError
 from input_pipeline import tokenizer as tokenizer_lib
-from input_pipeline.parallel_text import decode_lines
+from input_pipeline.text_lines import decode_lines
 from models import Transformer
 from models.decoding_checks import decoding_memory_bytes
 from training.config_checks import validate_config

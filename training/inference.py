@@ -19,7 +19,7 @@ from common import io_errors
 from common.errors import UserInputError
 from common.workdir import Workdir
 from input_pipeline import tokenizer as tokenizer_lib
-from input_pipeline.corpus import Labels, load_labels
+from input_pipeline.labels import Labels, load_labels
 from models import Transformer
 from models.build import is_classification, make_model
 from training.checkpoints.checkpointer import Checkpointer, Selection

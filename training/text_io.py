@@ -6,7 +6,7 @@ from collections.abc import Callable
 
 from common import io_errors
 from common.errors import UserInputError
-from input_pipeline.parallel_text import decode_lines
+from input_pipeline.text_lines import decode_lines
 
 
 def run_command(command: Callable[[], None], output_folder: str | None) -> None:

@@ -14,38 +14,17 @@ import ml_collections
 import numpy as np
 from absl import logging
 
-from common.decoding_names import describe_decoding
 from common.workdir import Workdir
 from input_pipeline import batching, streaming
 from input_pipeline.corpus import Corpus, load_corpus
-from input_pipeline.datasets import TextPairs
+from input_pipeline.text_lines import TextPairs
 from models.build import make_model
-from models.decoding import sentences_per_batch
 from training import step_options
 from training.reporting.attention_maps import write_attention_summary
 from training.reporting.metrics_writer import MetricWriter
 from training.runtime import sharding
-from training.steps import LossFn, eval_step, translation_loss
-from training.tasks import base, translation_eval
-
-
-def eval_setup(config, model, tokenizer, mesh) -> translation_eval.EvalSetup:
-    """Decoding, eval steps and batching of config.eval for `model` on `mesh` (shared with translate.py)."""
-    return translation_eval.EvalSetup(
-        eval_fn=jax.jit(functools.partial(eval_step, model=model)),
-        decode_fn=translation_eval.make_decode_fn(model, config.eval),
-        row_decoder=translation_eval.make_row_decoder(model, config.eval),
-        mesh=mesh,
-        tokenizer=tokenizer,
-        boundaries=tuple(config.dataset.bucket_boundaries),
-        batch_sizes=base.batch_sizes(
-            config, sentences_per_batch(config.eval.per_device_batch_size, config.eval.beam_size), mesh
-        ),
-        max_decode_length=config.eval.max_decode_length,
-        decoding=describe_decoding(config.eval),
-        seed=config.seed,
-        rules=config.mesh.rules,
-    )
+from training.steps import LossFn, translation_loss
+from training.tasks import translation_eval
 
 
 def _head(text: TextPairs, ids: batching.ParallelIds, n: int) -> tuple[TextPairs, batching.ParallelIds]:
@@ -110,7 +89,9 @@ class TranslationTask:
         )
 
     def evaluator(self, config, model, data: Corpus, mesh) -> "TranslationEvaluator":
-        return TranslationEvaluator(config, model, data, eval_setup(config, model, data.tokenizer, mesh))
+        return TranslationEvaluator(
+            config, model, data, translation_eval.eval_setup(config, model, data.tokenizer, mesh)
+        )
 
 
 @dataclasses.dataclass(frozen=True)

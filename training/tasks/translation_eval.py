@@ -15,15 +15,18 @@ from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding, PartitionSpec
 
 from common import io_errors, processes
+from common.decoding_names import describe_decoding
 from common.mesh_axes import LogicalRules
 from common.special_ids import BOS_ID, EOS_ID, PAD_ID
 from input_pipeline import batching
-from input_pipeline.datasets import TextPairs
+from input_pipeline.text_lines import TextPairs
 from models import Transformer, continuous_batching
-from models.decoding import beam_search, decode_length, generate
+from models.decoding import beam_search, decode_length, generate, sentences_per_batch
 from models.search import argmax_token, sampled_token
 from training.reporting.scores import nulls_for_nonfinite, write_scores
 from training.runtime.sharding import batch_sharding, num_batch_shards, process_rows, shard_batch
+from training.steps import eval_step
+from training.tasks import base
 
 EvalFn = Callable  # (params, batch) -> {'nll', 'correct', 'tokens'} sums
 DecodeFn = Callable  # (params, inputs, budgets, rng, max_length=) -> [batch, max_length] ids
@@ -92,6 +95,25 @@ class EvalSetup:
         """`batching.eval_batches` of `pairs`, this process's rows of each."""
         rows = functools.partial(process_rows, mesh=self.mesh, rules=self.rules)
         return batching.eval_batches(pairs, self.boundaries, self.batch_sizes, rows)
+
+
+def eval_setup(config, model, tokenizer, mesh) -> EvalSetup:
+    """Decoding, eval steps and batching of config.eval for `model` on `mesh` (shared with translate.py)."""
+    return EvalSetup(
+        eval_fn=jax.jit(functools.partial(eval_step, model=model)),
+        decode_fn=make_decode_fn(model, config.eval),
+        row_decoder=make_row_decoder(model, config.eval),
+        mesh=mesh,
+        tokenizer=tokenizer,
+        boundaries=tuple(config.dataset.bucket_boundaries),
+        batch_sizes=base.batch_sizes(
+            config, sentences_per_batch(config.eval.per_device_batch_size, config.eval.beam_size), mesh
+        ),
+        max_decode_length=config.eval.max_decode_length,
+        decoding=describe_decoding(config.eval),
+        seed=config.seed,
+        rules=config.mesh.rules,
+    )
 
 
 def loss_metrics(setup: EvalSetup, params, pairs: batching.ParallelIds) -> dict[str, float]:
