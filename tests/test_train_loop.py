@@ -37,10 +37,10 @@ def _best(workdir):
     return best
 
 
-# A cheaper PRNG keeps the checkpointed key as it is (training/step_options.py): resume stays exact.
-@pytest.mark.parametrize("prng_impl", ["threefry2x32", "rbg"])
-def test_resumed_training_equals_uninterrupted_training(small_corpus, tmp_path, prng_impl):
-    overrides = {"eval.num_bleu_sentences": 4, "eval.split": "valid", "prng_impl": prng_impl}
+# The cheaper PRNG (config.prng_impl='rbg') checkpoints the same key and reruns a step bitwise
+# (tests/test_step_options.py), so the loop's resume is tested once, with the default.
+def test_resumed_training_equals_uninterrupted_training(small_corpus, tmp_path):
+    overrides = {"eval.num_bleu_sentences": 4, "eval.split": "valid"}
     straight = str(tmp_path / "straight")
     loop.train_and_evaluate(tiny_config(small_corpus, num_train_steps=6, **overrides), straight)
 
