@@ -5,7 +5,9 @@ import os
 import struct
 import subprocess
 import sys
+import types
 
+import jax
 import pytest
 from tensorboardX.proto import event_pb2
 from without_tensorflow import finders_without_tensorflow
@@ -46,6 +48,14 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     and short files fill the end, not one long file after all the others."""
     slow_files = {item.path for item in items if item.get_closest_marker("slow")}
     items.sort(key=lambda item: item.path not in slow_files)
+
+
+def pretend_gpu(monkeypatch, platform_version: str = "cuda 13000", **device) -> None:
+    """JAX reports one GPU here: backend 'gpu', its client's `platform_version` ('rocm ...' on AMD's) and the
+    `device` attributes given (`compute_capability="9.0"`: an H100), which models/build.py reads."""
+    gpu = types.SimpleNamespace(client=types.SimpleNamespace(platform_version=platform_version), **device)
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    monkeypatch.setattr(jax, "devices", lambda *args: [gpu])
 
 
 def write_corpus_slice(folder: str, lines_per_split: dict[str, int]) -> str:

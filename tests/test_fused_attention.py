@@ -10,14 +10,13 @@ command stopped at step 1 on an H100 with non-finite gradients.
 """
 
 import dataclasses
-import types
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import TINY_MODEL
+from conftest import TINY_MODEL, pretend_gpu
 from test_packing import pack
 
 from configs import default
@@ -30,9 +29,6 @@ from models.attention import (
     segment_mask,
 )
 from training.losses import token_metrics
-
-# A CUDA device's client, as a fake GPU device carries it (models/build.py tells ROCm from CUDA by it).
-_CUDA = types.SimpleNamespace(platform_version='cuda 13000')
 
 # exp(lse) of a row must be a finite float32 for a kernel that recomputes exp(logit - lse).
 LOWEST_SAFE_LOG_SUM_EXP = -float(np.log(np.finfo(np.float32).max))
@@ -173,9 +169,7 @@ def test_auto_picks_cudnn_where_safe_on_gpus_in_bfloat16_only(monkeypatch):
 
 def test_auto_keeps_the_explicit_formula_on_rocm_gpus_which_have_no_cudnn(monkeypatch):
     """ROCm's backend is 'gpu' too: its platform version tells it from CUDA's."""
-    rocm = types.SimpleNamespace(client=types.SimpleNamespace(platform_version='rocm 60300'))
-    monkeypatch.setattr(jax, 'default_backend', lambda: 'gpu')
-    monkeypatch.setattr(jax, 'devices', lambda *args: [rocm])
+    pretend_gpu(monkeypatch, platform_version='rocm 60300')
     assert build.attention_implementation('auto', 'bfloat16', 64) == 'explicit'
     assert build.cudnn_applies('gpu', 'cuda 13000', 'bfloat16', 64)
     assert not build.cudnn_applies('gpu', 'ROCm 6.3.0', 'bfloat16', 64)
@@ -185,9 +179,6 @@ def test_auto_keeps_the_explicit_formula_on_rocm_gpus_which_have_no_cudnn(monkey
 def test_the_papers_config_trains_in_bfloat16_with_cudnn_on_a_gpu(monkeypatch):
     config = default.get_config()
     assert config.model.dtype == 'auto'
-    monkeypatch.setattr(jax, 'default_backend', lambda: 'gpu')
-    monkeypatch.setattr(
-        jax, 'devices', lambda: [types.SimpleNamespace(compute_capability='9.0', client=_CUDA)]
-    )  # H100.
+    pretend_gpu(monkeypatch, compute_capability='9.0')  # An H100.
     model = build.make_model(config, vocab_size=24)
     assert (model.config.dtype, model.config.attention_implementation) == ('bfloat16', 'cudnn_where_safe')

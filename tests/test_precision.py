@@ -3,13 +3,13 @@
 import collections
 import functools
 import re
-import types
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from conftest import pretend_gpu
 from tolerances import rounding_tolerance
 
 from configs import default
@@ -17,9 +17,6 @@ from models import build, precision
 from models.build import make_model
 from training.state import create_train_state
 from training.steps import train_step, translation_loss
-
-# A CUDA device's client, as a fake GPU device carries it (models/build.py tells ROCm from CUDA by it).
-_CUDA = types.SimpleNamespace(platform_version="cuda 13000")
 
 # `stablehlo.dot_general %a, %b, ... : (tensor<...xbf16>, tensor<...xbf16>) -> tensor<...xf32>`
 DOT_GENERAL = re.compile(
@@ -154,15 +151,10 @@ def test_auto_dtype_is_bfloat16_where_the_cpu_multiplies_bfloat16(tmp_path, cpu,
 def test_auto_dtype_on_accelerators_and_in_the_model(monkeypatch):
     config = default.get_config()
     assert make_model(config, vocab_size=24).config.dtype == build.compute_dtype("auto")
-    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
-    monkeypatch.setattr(
-        jax, "devices", lambda: [types.SimpleNamespace(compute_capability="9.0", client=_CUDA)]
-    )  # H100.
+    pretend_gpu(monkeypatch, compute_capability="9.0")  # An H100.
     assert build.compute_dtype("auto", "/proc/cpuinfo") == "bfloat16"
     assert make_model(config, vocab_size=24).config.dtype == "bfloat16"
-    monkeypatch.setattr(
-        jax, "devices", lambda: [types.SimpleNamespace(compute_capability="7.0", client=_CUDA)]
-    )  # V100.
+    pretend_gpu(monkeypatch, compute_capability="7.0")  # A V100.
     assert build.compute_dtype("auto", "/proc/cpuinfo") == "float32"
     monkeypatch.setattr(jax, "default_backend", lambda: "tpu")
     assert build.compute_dtype("auto", "/proc/cpuinfo") == "bfloat16"
