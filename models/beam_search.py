@@ -215,18 +215,8 @@ def beam_search_loop(
     `settled` best finished hypotheses (None: all beam_size) can no longer change: those are returned,
     tokens [batch, settled, max_length] int32 best first and their scores [batch, settled] log P / lp.
     """
-    beams = beam_rows(
-        state, context, skip, budgets, beam_size=beam_size, max_length=max_length, bos_id=bos_id, pad_id=pad_id
-    )
-    settled = beam_size if settled is None else settled
-    beams = run_beams(
-        next_token_logits,
-        beams,
-        alpha=alpha,
-        eos_id=eos_id,
-        bos_id=bos_id,
-        pad_id=pad_id,
-        settled=settled,
-    )
+    special, settled = dict(bos_id=bos_id, pad_id=pad_id), beam_size if settled is None else settled
+    beams = beam_rows(state, context, skip, budgets, beam_size=beam_size, max_length=max_length, **special)
+    beams = run_beams(next_token_logits, beams, alpha=alpha, eos_id=eos_id, settled=settled, **special)
     tokens = jnp.where(beams.skip[:, None, None], pad_id, beams.finished_tokens[:, :settled, 1:])
     return tokens, beams.finished_scores[:, :settled]

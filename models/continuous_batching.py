@@ -2,14 +2,16 @@
 
 A row holds a sentence (and its hypotheses) at a position and budget of its own. The host queues the
 sentences, longest first, and calls one program, `advance`, again and again: it encodes a block of them
-into free rows, then runs the search until a block's worth of rows is done, whose translations are read
-out between calls. The arrays keep their shapes, so a split decodes in one program whatever its lengths.
-Lest every step attend over the longest source's padding, sentences pass through a few stages of falling
-source length (`stage_lengths`): once every sentence left fits the next stage, the rows move on to its
-shorter arrays and more rows (`narrow`, the one other program). A split compiles at most 2 * MAX_STAGES
-- 1 programs, of shapes set by the bucket boundaries, so the compilation cache serves later runs. A
-sentence's translation is the one decoding it alone gives: each row is computed on its own, and the
-padding a stage adds is masked.
+into the rows the last call left done, then runs the search until a block's worth of rows is done, and
+reports the sentences that ended with their translations. The device picks the rows and keeps each row's
+sentence, so the host reads a call's report after dispatching the next call: on an accelerator one
+transfer a call, off the critical path. The arrays keep their shapes, so a split decodes in one program
+whatever its lengths. Lest every step attend over the longest source's padding, sentences pass through a
+few stages of falling source length (`stage_lengths`): once every sentence left fits the next stage, the
+rows move on to its shorter arrays and more rows (`narrow`, the one other program). A split compiles at
+most 2 * MAX_STAGES - 1 programs, of shapes set by the bucket boundaries, so the compilation cache serves
+later runs. A sentence's translation is the one decoding it alone gives: each row is computed on its own,
+and the padding a stage adds is masked.
 """
 
 import dataclasses
@@ -33,6 +35,8 @@ Array = jax.Array
 Place = Callable[[Any], Any]
 # A device array -> the whole of it as numpy, on every process.
 Fetch = Callable[[Array], np.ndarray]
+# A row of `advance`'s report that ended no sentence.
+NO_SENTENCE = -1
 
 # A block of sentences is admitted once this share of the rows is done: fewer calls, against idle rows.
 REFILL_SHARE = 1 / 8
@@ -41,11 +45,18 @@ MAX_STAGES = 3
 
 
 class Block(NamedTuple):
-    """Sentences to admit: inputs [n, src_len], budgets [n], slots [n], the row of each (the row count: none)."""
+    """Sentences to admit: inputs [n, src_len], budgets [n], sentences [n], the index of each (or NO_SENTENCE)."""
 
     inputs: np.ndarray
     budgets: np.ndarray
-    slots: np.ndarray
+    sentences: np.ndarray
+
+
+class Decoding(NamedTuple):
+    """What `advance` carries: search, the `Search`'s rows; sentences [rows] int32, each one's (or NO_SENTENCE)."""
+
+    search: Any
+    sentences: Any
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,11 +101,7 @@ def beam_search(*, beam_size: int, alpha: float, bos_id: int, eos_id: int, pad_i
     special = dict(bos_id=bos_id, pad_id=pad_id)
     run = functools.partial(run_beams, alpha=alpha, eos_id=eos_id, settled=1, **special)
     fresh = functools.partial(beam_rows, beam_size=beam_size, **special)
-
-    def best(beams):
-        return jnp.where(beams.skip[:, None], pad_id, beams.finished_tokens[:, 0, 1:])
-
-    done = functools.partial(beams_done, alpha=alpha, settled=1)
+    done, best = functools.partial(beams_done, alpha=alpha, settled=1), lambda beams: beams.finished_tokens[:, 0, 1:]
     return Search(beam_size, fresh, run, done, best, 'skip', ('live_tokens', 'finished_tokens'))
 
 
@@ -133,10 +140,12 @@ def _constrained(search, row_sharding):
 class RowDecoder:
     """A `Search` over the Transformer in rows refilled as sentences end: the jitted programs and their shapes.
 
-    advance(params, search, block, min_done, row_sharding=) -> (search, done [rows] bool, best [rows,
-        max_length] ids): `block` admitted, then the search run until at least min_done rows are done.
-    narrow(search, stage=, row_sharding=) -> the search in the `Stage`'s shorter arrays and more rows (static),
-        the new ones free.
+    advance(params, decoding, block, min_done, row_sharding=) -> (decoding, report [rows, 1 + max_length]):
+        `block` admitted into the rows done at the call's start, then the search run until at least min_done
+        rows are done. A report's row: the sentence that ended there in this call (NO_SENTENCE: none), then
+        its output ids. A row's sentence is reported once: the next call takes the row back.
+    narrow(decoding, stage=, row_sharding=) -> the `Decoding` in the `Stage`'s shorter arrays and more rows
+        (static), the new ones free.
     """
 
     model: Transformer
@@ -145,8 +154,8 @@ class RowDecoder:
     advance: Callable
     narrow: Callable
 
-    def empty(self, params, rows: int, source_length: int, max_length: int, place: Place):
-        """The search of `rows` free rows, made on the host: no program is compiled for it."""
+    def empty(self, params, rows: int, source_length: int, max_length: int, place: Place) -> Decoding:
+        """The `Decoding` of `rows` free rows, made on the host: no program is compiled for it."""
 
         def fresh(params):
             inputs, copies = jnp.zeros((rows, source_length), jnp.int32), self.search.copies
@@ -156,22 +165,31 @@ class RowDecoder:
             return self.search.fresh(state, context, skip, budgets, max_length=max_length)
 
         empty = jax.tree.map(lambda leaf: np.zeros(leaf.shape, leaf.dtype), jax.eval_shape(fresh, params))
-        return place(empty._replace(**{self.search.free_field: np.ones(rows, bool)}))
+        empty = empty._replace(**{self.search.free_field: np.ones(rows, bool)})
+        return place(Decoding(empty, np.full(rows, NO_SENTENCE, np.int32)))
 
 
 def row_decoder(model: Transformer, search: Search, *, pad_id: int) -> RowDecoder:
     """The `RowDecoder` of `search` over `model`."""
 
-    def advance(params, rows, block: Block, min_done, *, row_sharding):
+    def advance(params, decoding: Decoding, block: Block, min_done, *, row_sharding):
+        rows, sentences = decoding
+        # The rows done at the start were reported by the last call: they take the block, or stay free.
+        free = search.done(rows)
+        slots = jnp.flatnonzero(free, size=len(block.sentences), fill_value=len(free))  # Past the last: dropped.
+        slots = jnp.where(block.sentences == NO_SENTENCE, len(free), slots)
+        sentences = jnp.where(free, NO_SENTENCE, sentences).at[slots].set(block.sentences, mode='drop')
         context = source_context(model, params, block.inputs)
         max_length = getattr(rows, search.token_fields[0]).shape[-1] - 1
         fresh = search.fresh((), context, is_filler(block.inputs, pad_id), block.budgets, max_length=max_length)
-        rows = _put_rows(rows, fresh, block.slots)
+        rows = _put_rows(rows, fresh, slots)
         rows = search.run(functools.partial(cached_next_token_logits, model, params), rows, min_done=min_done)
-        rows = _constrained(rows, row_sharding)
-        return rows, search.done(rows), search.best(rows)
+        rows, sentences = _constrained((rows, sentences), row_sharding)
+        ended = jnp.where(search.done(rows), sentences, NO_SENTENCE)
+        return Decoding(rows, sentences), jnp.concatenate([ended[:, None], search.best(rows)], axis=1)
 
-    def narrow(rows, *, stage, row_sharding):
+    def narrow(decoding: Decoding, *, stage, row_sharding):
+        rows, sentences = decoding
         source_length, max_length = stage.source_length, stage.max_length
 
         def cut(caches, length):  # Leaves [rows, heads, length, d].
@@ -180,7 +198,9 @@ def row_decoder(model: Transformer, search: Search, *, pad_id: int) -> RowDecode
         inputs, cross = rows.context['inputs'][:, :source_length], cut(rows.context['cross'], source_length)
         tokens = {name: getattr(rows, name)[..., : max_length + 1] for name in search.token_fields}
         rows = rows._replace(**tokens, state=cut(rows.state, max_length), context={'inputs': inputs, 'cross': cross})
-        return _constrained(_added_free_rows(rows, stage.rows - rows.budgets.shape[0], search.free_field), row_sharding)
+        added = stage.rows - len(sentences)
+        sentences = jnp.pad(sentences, (0, added), constant_values=NO_SENTENCE)
+        return _constrained(Decoding(_added_free_rows(rows, added, search.free_field), sentences), row_sharding)
 
     return RowDecoder(
         model,
@@ -243,33 +263,41 @@ def decode_sentences(
         stages.append(Stage(length, decode_length(length, max_decode_length), most_rows, max(row_multiple, block_rows)))
     queue = deque(np.argsort(-lengths, kind='stable').tolist())
     stage = stages.pop(0)
-    search = decoder.empty(params, stage.rows, stage.source_length, stage.max_length, place)
-    slots = np.full(stage.rows, -1)  # The sentence in each row; -1: none.
-    while queue or np.any(slots >= 0):
+    decoding = decoder.empty(params, stage.rows, stage.source_length, stage.max_length, place)
+    unread, report = set(), None  # Sentences admitted and not yet read; the last call's report.
+    while queue:
         fits_next = lambda length: bool(stages) and length <= stages[0].source_length  # noqa: E731
-        while (
-            stages and all(map(fits_next, lengths[slots[slots >= 0]])) and (not queue or fits_next(lengths[queue[0]]))
-        ):
+        while stages and all(fits_next(lengths[s]) for s in unread) and fits_next(lengths[queue[0]]):
             stage = stages.pop(0)
-            search = decoder.narrow(search, stage=stage, row_sharding=row_sharding)
-            slots = np.concatenate([slots, np.full(stage.rows - len(slots), -1)])
-        block = _next_block(sources, lengths, queue, slots, stage, max_decode_length, decoder.pad_id)
-        min_done = stage.block_rows if queue else stage.rows  # A block's worth of free rows, or the end.
-        search, done, best = decoder.advance(params, search, place(block), min_done, row_sharding=row_sharding)
-        done, best = fetch(done), fetch(best)
-        for row in np.flatnonzero(done & (slots >= 0)):
-            yield int(slots[row]), best[row]
-            slots[row] = -1
+            decoding = decoder.narrow(decoding, stage=stage, row_sharding=row_sharding)
+        block = _next_block(sources, lengths, queue, stage, max_decode_length, decoder.pad_id)
+        unread.update(block.sentences[block.sentences != NO_SENTENCE].tolist())
+        # Done rows (free ones count) take the next block: a block's worth, or at the end every row.
+        min_done = stage.block_rows if queue else stage.rows
+        decoding, next_report = decoder.advance(params, decoding, place(block), min_done, row_sharding=row_sharding)
+        if report is not None:  # Read while the call just dispatched runs.
+            yield from _read(fetch(report), unread)
+        report = next_report
+    yield from _read(fetch(report), unread)
+    if unread:
+        raise RuntimeError(f'Continuous batching lost sentences {sorted(unread)[:10]}: a block found too few rows.')
 
 
-def _next_block(sources, lengths, queue: deque, slots: np.ndarray, stage: Stage, max_decode_length: int, pad_id: int):
-    """The next queued sentences, up to a block and the free rows, as a `Block` of the stage's source length;
-    their rows are marked in `slots`."""
+def _read(report: np.ndarray, unread: set) -> Iterator[tuple[int, np.ndarray]]:
+    """(sentence, output ids) of each row of an `advance` report that ended a sentence, taken out of `unread`."""
+    for row in np.flatnonzero(report[:, 0] != NO_SENTENCE):
+        sentence = int(report[row, 0])
+        unread.remove(sentence)
+        yield sentence, report[row, 1:]
+
+
+def _next_block(sources, lengths, queue: deque, stage: Stage, max_decode_length: int, pad_id: int) -> Block:
+    """The next queued sentences, up to a block, as a `Block` of the stage's source length."""
     inputs = np.full((stage.block_rows, stage.source_length), pad_id, np.int32)
     budgets = np.zeros(stage.block_rows, np.int32)
-    targets = np.full(stage.block_rows, len(slots), np.int32)
-    for i, row in enumerate(np.flatnonzero(slots < 0)[: min(stage.block_rows, len(queue))]):
+    sentences = np.full(stage.block_rows, NO_SENTENCE, np.int32)
+    for i in range(min(stage.block_rows, len(queue))):
         sentence = queue.popleft()
         inputs[i, : lengths[sentence]] = sources[sentence]
-        budgets[i], targets[i], slots[row] = decode_length(lengths[sentence], max_decode_length), row, sentence
-    return Block(inputs, budgets, targets)
+        budgets[i], sentences[i] = decode_length(lengths[sentence], max_decode_length), sentence
+    return Block(inputs, budgets, sentences)

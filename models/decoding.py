@@ -102,19 +102,9 @@ def generate(
     the same key, the same translations). budgets: [batch] int, the most tokens of each row, e.g.
     `decode_length` of each source's length (None: max_length, static, for every row)."""
     next_token_logits, state, context = model_next_token_logits(model, params, inputs, max_length, use_cache=use_cache)
-    return search_loop(
-        next_token_logits,
-        choose_token,
-        state,
-        is_filler(inputs, pad_id),
-        jax.random.PRNGKey(0) if rng is None else rng,
-        max_length=max_length,
-        bos_id=bos_id,
-        eos_id=eos_id,
-        pad_id=pad_id,
-        budgets=budgets,
-        context=context,
-    )
+    loop = dict(max_length=max_length, bos_id=bos_id, eos_id=eos_id, pad_id=pad_id, budgets=budgets, context=context)
+    rng = jax.random.PRNGKey(0) if rng is None else rng
+    return search_loop(next_token_logits, choose_token, state, is_filler(inputs, pad_id), rng, **loop)
 
 
 def beam_search(
@@ -139,19 +129,10 @@ def beam_search(
     next_token_logits, state, context = model_next_token_logits(
         model, params, inputs, max_length, use_cache=use_cache, copies=beam_size
     )
+    loop = dict(max_length=max_length, bos_id=bos_id, eos_id=eos_id, pad_id=pad_id, budgets=budgets, context=context)
+    settled = beam_size if return_all else 1
     tokens, scores = beam_search_loop(
-        next_token_logits,
-        state,
-        is_filler(inputs, pad_id),
-        beam_size=beam_size,
-        alpha=alpha,
-        max_length=max_length,
-        bos_id=bos_id,
-        eos_id=eos_id,
-        pad_id=pad_id,
-        budgets=budgets,
-        context=context,
-        settled=beam_size if return_all else 1,
+        next_token_logits, state, is_filler(inputs, pad_id), beam_size=beam_size, alpha=alpha, settled=settled, **loop
     )
     return (tokens, scores) if return_all else tokens[:, 0]
 

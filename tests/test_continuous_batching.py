@@ -85,6 +85,39 @@ def test_refilled_rows_translate_each_sentence_as_decoding_it_alone(setting, bea
     assert len(set(lengths)) > 3, lengths  # Sentences end at different steps: rows are refilled at different times.
 
 
+def test_the_host_reads_each_call_once_while_the_next_one_runs(setting, monkeypatch):
+    """On an accelerator a fetch waits for the device: the report of call i is fetched after call i + 1 is
+    dispatched, in one transfer (the device picks the rows, so the next block needs nothing of it)."""
+    model, params, sources, _ = setting
+    events = []
+    decoder = _decoder(model, 1)
+
+    def advance(*args, **kwargs):
+        events.append("advance")
+        return decoder.advance(*args, **kwargs)
+
+    def fetch(array):
+        events.append("fetch")
+        return np.asarray(array)
+
+    monkeypatch.setattr(batching, "REFILL_SHARE", 0.25)
+    place = functools.partial(jax.tree.map, jnp.asarray)
+    found = dict(
+        batching.decode_sentences(
+            dataclasses.replace(decoder, advance=advance),
+            params,
+            sources,
+            rows=ROWS,
+            max_decode_length=MAX_DECODE_LENGTH,
+            place=place,
+            fetch=fetch,
+        )
+    )
+    assert sorted(found) == list(range(len(sources)))
+    calls = events.count("advance")
+    assert calls > 5 and events == ["advance"] + ["advance", "fetch"] * (calls - 1) + ["fetch"], events
+
+
 @pytest.mark.parametrize("beam_size", BEAM_SIZES)
 def test_sentences_of_every_length_compile_one_program_a_stage_and_one_a_narrowing(setting, beam_size, monkeypatch):
     model, params, sources, _ = setting
