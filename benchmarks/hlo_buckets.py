@@ -5,7 +5,8 @@ by its opcode and its JAX operation name (`metadata.op_name`): a fusion by every
 fuses, so a matmul with a fused cast counts as a matmul and a layer norm with a fused cast as a
 layer norm; casts and transposes count alone only where nothing else is fused with them.
 A custom call's opcode carries its target ('custom-call:__cudnn$fmhaScaleBiasSoftmax'), so the
-library kernels of a GPU module (cuBLAS matmuls, cuDNN's fused attention) are told apart too.
+library kernels of a GPU module (cuBLAS matmuls, cuDNN's fused attention) are told apart too, and a
+dot with batch dimensions is a 'batched-dot'.
 """
 
 import collections
@@ -14,7 +15,7 @@ import re
 
 def _is_matmul(opcode: str, op_name: str) -> bool:
     library_matmul = opcode.startswith("custom-call:") and ("gemm" in opcode or "matmul" in opcode)  # cuBLAS(Lt).
-    return opcode in ("dot", "convolution") or library_matmul or op_name.endswith("dot_general")
+    return opcode in ("dot", "batched-dot", "convolution") or library_matmul or op_name.endswith("dot_general")
 
 
 def _is_fused_attention(opcode: str, _) -> bool:
@@ -23,8 +24,13 @@ def _is_fused_attention(opcode: str, _) -> bool:
 
 
 def _is_attention_product(opcode: str, op_name: str) -> bool:
-    """QK^T and the weighted values: products of the attention's own `attend`, not of its projections."""
-    return _is_matmul(opcode, op_name) and re.search(r"_attention\.attend/dot_general$", op_name) is not None
+    """QK^T and the weighted values: products of the attention's own `attend`, not of its projections.
+
+    A dot with batch dimensions is one too where XLA dropped its op_name (XLA:CPU's products of a decoding
+    step's query with its cache): the attention's are the model's only matmuls batched over rows and heads.
+    """
+    own = re.search(r"_attention\.attend/dot_general$", op_name) is not None
+    return _is_matmul(opcode, op_name) and (own or (opcode == "batched-dot" and not op_name))
 
 
 def _outside_model(_, op_name: str) -> bool:
@@ -100,6 +106,8 @@ def operations(hlo: str) -> tuple[dict, dict]:
             calls = re.findall(r"(?:calls|to_apply|body|condition)=%?([\w.\-]+)", rest)
             if opcode == "custom-call" and (target := _CUSTOM_CALL_TARGET.search(rest)):
                 opcode = f"custom-call:{target.group(1)}"
+            elif opcode == "dot" and "lhs_batch_dims=" in rest:
+                opcode = "batched-dot"
             instructions[name] = (opcode, op_name.group(1) if op_name else "", calls)
             computations[current].append(name)
     return instructions, computations

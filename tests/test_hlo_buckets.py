@@ -79,6 +79,18 @@ def test_the_vocabulary_projection_and_attention_products_are_told_apart_from_ot
     assert matmul_bucket("x/self_attention/self_attention.attend/query/dot_general").endswith("feed-forward")
 
 
+def test_a_batched_dot_without_op_name_is_an_attention_product():
+    # XLA:CPU drops the op_name of a decoding step's products of its query with the cache.
+    lines = (
+        "  %dot.141 = f32[256,128,1]{2,1,0} dot(%bitcast.12, %bitcast.11), lhs_batch_dims={0}, "
+        "lhs_contracting_dims={2}, rhs_batch_dims={0}, rhs_contracting_dims={1}\n"
+        "  %dot.7 = f32[64,256]{1,0} dot(%p.1, %p.2), lhs_contracting_dims={1}, rhs_contracting_dims={0}"
+    )
+    instructions, computations = hlo_buckets.operations(lines)
+    assert hlo_buckets.bucket("dot.141", instructions, computations).endswith("attention products")
+    assert hlo_buckets.bucket("dot.7", instructions, computations).endswith("projections and feed-forward")
+
+
 def test_an_instruction_whose_tuple_shape_numbers_its_elements_is_read():
     # XLA writes /*index=5*/ into tuples of six or more elements (a dropout's bit loop, a multi-output fusion).
     line = (
