@@ -45,7 +45,8 @@ def run_until(step: Callable, carry, done: Callable[[Any], Array], min_done: Arr
 
     def go_on(carry):
         rows_done = done(carry)
-        return jnp.sum(rows_done) < jnp.minimum(len(rows_done), len(rows_done) if min_done is None else min_done)
+        target = len(rows_done) if min_done is None else jnp.minimum(min_done, len(rows_done))
+        return jnp.sum(rows_done) < target
 
     return jax.lax.while_loop(go_on, step, carry)
 
