@@ -17,7 +17,8 @@ each of them translating the split's first line alone, what starting up costs be
 --noctranslate2 leaves CTranslate2 out (a machine without the export extra).
 
 Each engine's first call in this process also counts the programs it compiles (or reads from a
-compilation cache): decoding's own, the model loaded before.
+compilation cache), the seconds XLA takes for them and those of tracing and lowering the jitted
+functions: decoding's own, the model loaded before.
 
 With --profile_calls, this project's float32 search is profiled too (benchmarks/xla_profile.py, by
 decoding's buckets: the model's matmuls, the search's top-k and beam reordering, cache writes,
@@ -50,8 +51,10 @@ from training.runtime import host_memory
 from training.tasks import translation_eval
 
 records.define_software_note_flag()
-# jax.monitoring's event for each program compiled, or read from the compilation cache.
+# jax.monitoring's event for each program compiled, or read from the compilation cache, and those of tracing a
+# function and lowering it (which a program read from the cache pays too: its key is the lowered module).
 BACKEND_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
+TRACING_EVENTS = ("/jax/core/compile/jaxpr_trace_duration", "/jax/core/compile/jaxpr_to_mlir_module_duration")
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "The trained run to translate with.")
 _SOURCES = flags.DEFINE_string("sources", "data/libreoffice_help_en_de/test.en.gz", "Source sentences.")
@@ -91,16 +94,21 @@ def _profile(translate, calls: int, dump_dir: str) -> dict:
 
 
 def _counting_programs(call):
-    """(call(), the programs it compiled or read from a compilation cache)."""
-    programs = []
+    """(call(), {'programs': the programs it compiled or read from a compilation cache, 'compiling_seconds': the
+    seconds XLA took for them, 'tracing_seconds': those of tracing and lowering its jitted functions})."""
+    counts = {"programs": 0, "compiling_seconds": 0.0, "tracing_seconds": 0.0}
 
     def count(event, duration, **kwargs):
-        del duration, kwargs
-        programs.append(event) if event == BACKEND_COMPILE_EVENT else None
+        del kwargs
+        if event == BACKEND_COMPILE_EVENT:
+            counts["programs"] += 1
+            counts["compiling_seconds"] += duration
+        elif event in TRACING_EVENTS:
+            counts["tracing_seconds"] += duration
 
     jax.monitoring.register_event_duration_secs_listener(count)
     try:
-        return call(), len(programs)
+        return call(), counts
     finally:
         jax.monitoring.unregister_event_duration_listener(count)
 
@@ -117,10 +125,10 @@ def _whole_process(command: list[str]) -> float:
 
 
 def _row(
-    engine: str, beam_size: int, seconds: list[float], translations: list[str], references: list[str], sp, programs=None
+    engine: str, beam_size: int, seconds: list[float], translations: list[str], references: list[str], sp, compiles=None
 ) -> dict:
     """A table row from an engine's seconds (the first round compiling, the others timed) and translations, and
-    the programs its first call compiled (None: not counted, another engine)."""
+    what its first call compiled (`_counting_programs`; None: not counted, another engine)."""
     first, *timed = seconds
     subwords = sum(len(sp.encode(line)) + 1 for line in translations)  # With </s>.
     median = statistics.median(timed)
@@ -135,7 +143,9 @@ def _row(
         "output_subwords": subwords,
         "output_subwords_per_second": subwords / median,
         "bleu": bleu,
-        "programs_compiled": programs,
+        "programs_compiled": compiles and compiles["programs"],
+        "compiling_seconds": compiles and compiles["compiling_seconds"],
+        "tracing_seconds": compiles and compiles["tracing_seconds"],
     }
 
 
@@ -172,14 +182,14 @@ def _measure(dump_dir: str) -> None:
         for beam_size in [int(b) for b in _BEAM_SIZES.value]:
             engines = {f"this project, {dtype}": _ours(workdir, dtype, beam_size, alpha, lines) for dtype in dtypes}
             seconds = {engine: [] for engine in engines}
-            translations, programs = {}, {}
+            translations, compiles = {}, {}
             for round_ in range(1 + rounds):  # The first round compiles this project's programs.
                 for engine, translate in engines.items():
                     start = time.perf_counter()
-                    translations[engine], count = _counting_programs(translate)
+                    translations[engine], counts = _counting_programs(translate)
                     seconds[engine].append(time.perf_counter() - start)
-                    programs.setdefault(engine, count)
-            rows += [_row(e, beam_size, seconds[e], translations[e], reference_lines, sp, programs[e]) for e in engines]
+                    compiles.setdefault(engine, counts)
+            rows += [_row(e, beam_size, seconds[e], translations[e], reference_lines, sp, compiles[e]) for e in engines]
             for weights, folder in folders.items():
                 # Greedy at the largest budget, cut to each line's (a greedy output's first n subwords do not
                 # depend on how many follow); beam search at each line's.
@@ -257,6 +267,13 @@ def _time_processes(workdir, folders, lines, beam_size, alpha, config, scratch, 
     return processes
 
 
+def _compiles(row: dict) -> str:
+    """A row's programs, their compiling and tracing seconds, as table cells (blank for another engine)."""
+    if row.get("compiling_seconds") is None:  # Another engine, or a record from before these were counted.
+        return f"{'' if row['programs_compiled'] is None else row['programs_compiled']} |  | "
+    return f"{row['programs_compiled']} | {row['compiling_seconds']:.1f} | {row['tracing_seconds']:.1f}"
+
+
 def _write(rows, processes, profiles, lines, rounds, ct2_batch_size, ct2_devices, measured_source, workdir) -> None:
     references = [
         engine for engine in ("CTranslate2, float32", "CTranslate2, int8") if any(r["engine"] == engine for r in rows)
@@ -278,14 +295,13 @@ def _write(rows, processes, profiles, lines, rounds, ct2_batch_size, ct2_devices
         f"The whole test split ({len(lines):,} lines), each sentence with its own budget, median of {rounds} "
         f"rounds after a first that compiles{ct2}.",
         "",
-        "| engine | beam | first call s | programs compiled | s | output subwords/s |"
+        "| engine | beam | first call s | programs compiled | their compiling s | tracing s | s | output subwords/s |"
         + "".join(f" vs {e} |" for e in references)
         + " BLEU |",
-        "|---|---:|---:|---:|---:|---:|" + "---:|" * len(references) + "---:|",
+        "|---|---:|---:|---:|---:|---:|---:|---:|" + "---:|" * len(references) + "---:|",
         *(
-            f"| {row['engine']} | {row['beam_size']} | {row['first_call_seconds']:.1f} "
-            f"| {'' if row['programs_compiled'] is None else row['programs_compiled']} | {row['seconds']:.1f} "
-            f"| {row['output_subwords_per_second']:,.0f} |{ratios(row)} {row['bleu']:.2f} |"
+            f"| {row['engine']} | {row['beam_size']} | {row['first_call_seconds']:.1f} | {_compiles(row)} "
+            f"| {row['seconds']:.1f} | {row['output_subwords_per_second']:,.0f} |{ratios(row)} {row['bleu']:.2f} |"
             for row in rows
         ),
     ]

@@ -201,10 +201,13 @@ def test_decode_speed_times_every_engine_on_every_line_and_profiles_the_search(t
     expected = {"this project, float32", "CTranslate2, float32", "CTranslate2, int8"}
     assert engines == {(engine, beam) for engine in expected for beam in (1, 2)}
     assert figures["lines"] == 40 and all(row["output_subwords"] >= 40 for row in figures["rows"])  # </s> at least.
-    for row in figures[
-        "rows"
-    ]:  # Ours: a program a stage of the tiny config's two, one to narrow; none counted for CT2.
-        assert row["programs_compiled"] in ((1, 2, 3) if row["engine"].startswith("this project") else (None,)), row
+    # Ours: a program a stage of the tiny config's two, one to narrow, their compiling timed; none counted for CT2.
+    for row in figures["rows"]:
+        ours = row["engine"].startswith("this project")
+        assert row["programs_compiled"] in ((1, 2, 3) if ours else (None,)), row
+        assert (
+            (row["compiling_seconds"] > 0 and row["tracing_seconds"] > 0) if ours else row["compiling_seconds"] is None
+        )
     for profile in figures["profiles"].values():
         shares = [bucket["share"] for bucket in profile["buckets"].values()]
         assert abs(sum(shares) - 1) < 1e-6 and profile["buckets"]["matmuls: vocabulary projection"]["share"] > 0
