@@ -1,11 +1,13 @@
 """Shared fixtures: a small slice of the bundled corpus and the tiny config."""
 
+import contextlib
 import gzip
 import os
 import struct
 import subprocess
 import sys
 import types
+from collections.abc import Iterator
 
 import jax
 import pytest
@@ -56,6 +58,48 @@ def pretend_gpu(monkeypatch, platform_version: str = "cuda 13000", **device) -> 
     gpu = types.SimpleNamespace(client=types.SimpleNamespace(platform_version=platform_version), **device)
     monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
     monkeypatch.setattr(jax, "devices", lambda *args: [gpu])
+
+
+@contextlib.contextmanager
+def compilation_cache_on(folder: str) -> Iterator[str]:
+    """JAX's persistent compilation cache on in `folder` inside the block, as train.py turns it on
+    (training/runtime/compilation_cache.py); as it was before, after.
+
+    For runs of the loop in the test process: a second run (a resumption, the same config again) reads
+    the programs the first compiled, as a restarted train.py does, instead of compiling them again. A
+    program is looked up by a hash of its HLO and compile options, so a run that traces anything
+    differently still compiles its own.
+    """
+    from jax.experimental.compilation_cache import compilation_cache as jax_compilation_cache
+
+    from training.runtime import compilation_cache as project_compilation_cache
+
+    before = {
+        name: getattr(jax.config, name)
+        for name in ("jax_compilation_cache_dir", "jax_persistent_cache_min_compile_time_secs")
+    }
+    assert project_compilation_cache.enable(folder) is not None
+    jax_compilation_cache.reset_cache()  # JAX decides once whether the cache is used: decided anew with it on.
+    try:
+        yield folder
+    finally:
+        for name, value in before.items():
+            jax.config.update(name, value)
+        jax_compilation_cache.reset_cache()
+
+
+@pytest.fixture(scope="session")
+def compilation_cache_folder(tmp_path_factory) -> str:
+    """One folder of compiled programs per xdist worker (each has its own basetemp), shared by its tests."""
+    return str(tmp_path_factory.mktemp("compilation_cache"))
+
+
+@pytest.fixture
+def compilation_cache(compilation_cache_folder) -> Iterator[str]:
+    """The persistent compilation cache on during this test (`compilation_cache_on`); other tests compile
+    as they always have."""
+    with compilation_cache_on(compilation_cache_folder) as folder:
+        yield folder
 
 
 def write_corpus_slice(folder: str, lines_per_split: dict[str, int]) -> str:

@@ -15,13 +15,18 @@ from conftest import FAST_COMPILE_XLA_FLAGS, REPO_ROOT
 pytestmark = pytest.mark.slow
 
 
-def _run_check(*args: str) -> str:
+def _run_check(cache: str, *args: str) -> str:
+    """Runs the check `args`; `cache`: the persistent compilation cache's folder, shared by the checks, as
+    train.py's runs share theirs (a program another check compiled the same, such as the 8-way data-parallel
+    step that `checkpoint` trains after `layouts` did, is read instead of compiled again)."""
     # PYTHONPATH: the checkout under test, not whatever an editable install points to.
     env = dict(
         os.environ,
         XLA_FLAGS=f"--xla_force_host_platform_device_count=8 {FAST_COMPILE_XLA_FLAGS}",
         JAX_PLATFORMS="cpu",
         PYTHONPATH=REPO_ROOT,
+        JAX_COMPILATION_CACHE_DIR=cache,
+        JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
     )
     result = subprocess.run(
         [sys.executable, os.path.join("tests", "multi_device_check.py"), *args],
@@ -36,30 +41,30 @@ def _run_check(*args: str) -> str:
     return result.stdout
 
 
-def test_every_layout_trains_like_one_device():
+def test_every_layout_trains_like_one_device(compilation_cache_folder):
     """5 steps: pmap, jit data / FSDP / tensor / accumulation agree in loss (within float32 rounding) and parameters."""
-    output = _run_check("layouts")
+    output = _run_check(compilation_cache_folder, "layouts")
     assert "layouts: ok" in output
     assert "jit 2 data x 4 tensor" in output and "pmap 8" in output
 
 
-def test_the_classifier_trains_in_every_layout_like_one_device():
+def test_the_classifier_trains_in_every_layout_like_one_device(compilation_cache_folder):
     """The encoder classifier: pmap, jit data / FSDP / tensor / accumulation agree in loss and predictions."""
-    output = _run_check("classifier")
+    output = _run_check(compilation_cache_folder, "classifier")
     assert "classifier: ok" in output and "classifier, jit 2 data x 4 tensor" in output
 
 
-def test_checkpoint_restores_onto_another_mesh(tmp_path):
+def test_checkpoint_restores_onto_another_mesh(tmp_path, compilation_cache_folder):
     """Saved under 8-way data parallelism; restored onto 4 data x 2 FSDP and 2 data x 4 tensor, bit for bit."""
-    output = _run_check("checkpoint", str(tmp_path / "run"))
+    output = _run_check(compilation_cache_folder, "checkpoint", str(tmp_path / "run"))
     assert "checkpoint: ok" in output
     # The [d_model, d_ff] kernel: d_model split over fsdp, d_ff over tensor.
     assert "data=4 fsdp=2 tensor=1: feed-forward kernel (32, 64), shards (16, 64)" in output
     assert "data=2 fsdp=1 tensor=4: feed-forward kernel (32, 64), shards (32, 16)" in output
 
 
-def test_relative_and_rotary_positions_train_sharded_as_on_one_device():
+def test_relative_and_rotary_positions_train_sharded_as_on_one_device(compilation_cache_folder):
     """Relative and rotary positions train on 2 data x 2 FSDP x 2 tensor as on one device."""
-    output = _run_check("positions")
+    output = _run_check(compilation_cache_folder, "positions")
     assert "positions: ok" in output
     assert "relative, jit 2 data x 2 fsdp x 2 tensor" in output and "rotary, jit 2 data" in output

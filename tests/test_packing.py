@@ -270,12 +270,16 @@ def test_packed_rows_give_the_losses_and_gradients_of_unpacked_rows(positional_e
         assert np.all(position_grads[:longest] > 0) and np.all(position_grads[longest:] == 0)
 
 
-def test_train_step_on_packed_rows_equals_the_step_on_unpacked_rows():
-    """`translation_loss` reads the packing keys, through the mesh-sharded (jit) train step as the loop compiles it."""
+def test_train_step_on_packed_rows_equals_the_step_on_unpacked_rows(compilation_cache):
+    """`translation_loss` reads the packing keys, through the mesh-sharded (jit) train step as the loop compiles it.
+
+    One layer a stack: the model's packing through two is the test above's. The compilation cache: both runs' initial
+    states are the same program.
+    """
     config = default.get_config()
     config.dataset.max_length = config.eval.max_decode_length = CONFIG.max_len
     config.model.update(
-        d_model=32, num_heads=4, d_ff=64, num_layers=2, dropout_rate=0.0, attention_dropout_rate=0.0, dtype="float32"
+        d_model=32, num_heads=4, d_ff=64, num_layers=1, dropout_rate=0.0, attention_dropout_rate=0.0, dtype="float32"
     )
     config.optimizer.update(schedule="rsqrt", peak_learning_rate=3e-3, warmup_steps=1)
     model = make_model(config, vocab_size=CONFIG.vocab_size)

@@ -70,7 +70,9 @@ class _SignalAtStep:
 
 
 @pytest.mark.slow
-def test_a_validation_step_saved_by_a_stop_is_validated_on_resuming(small_corpus, tmp_path, monkeypatch):
+def test_a_validation_step_saved_by_a_stop_is_validated_on_resuming(
+    small_corpus, tmp_path, monkeypatch, compilation_cache
+):
     # Steps 2 and 4 are due for validation; a signal stops the run during each, the second time on the last step.
     config = tiny_config(small_corpus, num_train_steps=4, eval_every_steps=2, checkpoint_every_steps=4)
     config.eval.num_bleu_sentences, config.eval.split = 4, "valid"

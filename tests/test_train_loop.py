@@ -39,7 +39,7 @@ def _best(workdir):
 
 # The cheaper PRNG (config.prng_impl='rbg') checkpoints the same key and reruns a step bitwise
 # (tests/test_step_options.py), so the loop's resume is tested once, with the default.
-def test_resumed_training_equals_uninterrupted_training(small_corpus, tmp_path):
+def test_resumed_training_equals_uninterrupted_training(small_corpus, tmp_path, compilation_cache):
     overrides = {"eval.num_bleu_sentences": 4, "eval.split": "valid"}
     straight = str(tmp_path / "straight")
     loop.train_and_evaluate(tiny_config(small_corpus, num_train_steps=6, **overrides), straight)
