@@ -61,6 +61,24 @@ def pretend_gpu(monkeypatch, platform_version: str = "cuda 13000", **device) -> 
 
 
 @contextlib.contextmanager
+def compiled_programs() -> Iterator[list[dict]]:
+    """A list that gets the details (fun_name, ...) of each program XLA compiles, or reads from the persistent
+    compilation cache, inside the block (jax.monitoring's backend-compile events)."""
+    programs = []
+
+    def count(event: str, duration: float, **kwargs) -> None:
+        del duration
+        if event == "/jax/core/compile/backend_compile_duration":
+            programs.append(kwargs)
+
+    jax.monitoring.register_event_duration_secs_listener(count)
+    try:
+        yield programs
+    finally:
+        jax.monitoring.unregister_event_duration_listener(count)
+
+
+@contextlib.contextmanager
 def compilation_cache_on(folder: str) -> Iterator[str]:
     """JAX's persistent compilation cache on in `folder` inside the block, as train.py turns it on
     (training/runtime/compilation_cache.py); as it was before, after.

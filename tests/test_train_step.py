@@ -6,6 +6,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import compiled_programs
 from tolerances import loss_rtol
 
 from configs import default
@@ -186,6 +187,18 @@ def test_a_step_with_a_non_finite_loss_changes_nothing_but_the_step_count(compil
     assert not np.array_equal(
         before.params["shared_embedding"]["embedding"], after.params["shared_embedding"]["embedding"]
     )
+
+
+@pytest.mark.parametrize("compilation", ["jit", "pmap"])
+def test_the_second_step_runs_the_program_the_first_compiled(compilation):
+    """The state a step returns comes back in the layout the first step was handed, so nothing compiles again."""
+    step, state = _compiled_step(compilation)
+    batch = jax.tree.map(np.asarray, _copy_task_batch())
+    state, _ = step.run(state, step.place_batch(batch), jax.random.PRNGKey(1))
+    placed = step.place_batch(batch)
+    with compiled_programs() as programs:
+        jax.block_until_ready(step.run(state, placed, jax.random.PRNGKey(2)))
+    assert programs == []
 
 
 @pytest.mark.filterwarnings("ignore:overflow encountered in cast")  # The learning rate, on purpose.

@@ -6,9 +6,8 @@ import shutil
 import subprocess
 import sys
 
-import jax
 import pytest
-from conftest import REPO_ROOT, WITHOUT_TENSORFLOW, run_entry_point
+from conftest import REPO_ROOT, WITHOUT_TENSORFLOW, compiled_programs, run_entry_point
 
 from common.special_ids import EOS_ID
 from input_pipeline.batching import RaggedIds
@@ -16,9 +15,6 @@ from training import inference
 from training.tasks import translation_eval
 
 pytestmark = pytest.mark.slow
-
-# jax.monitoring's event for each program compiled, or read from the compilation cache.
-BACKEND_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
 
 
 @pytest.fixture(scope="module")
@@ -234,17 +230,8 @@ def test_translating_sources_of_every_bucket_compiles_a_program_a_stage_and_one_
     longest = config.dataset.bucket_boundaries[-1]
     sentences = 3 * max(setup.batch_sizes.values())
     sources = [[5 + i % 7] * (1 + i % longest) + [EOS_ID] for i in range(sentences)]  # Some cut.
-    programs = []
-
-    def count(event, duration, **kwargs):
-        if event == BACKEND_COMPILE_EVENT:
-            programs.append(kwargs)
-
-    jax.monitoring.register_event_duration_secs_listener(count)
-    try:
+    with compiled_programs() as programs:
         outputs = translation_eval.translate_ids(setup, trained.params, RaggedIds.from_lists(sources))
-    finally:
-        jax.monitoring.unregister_event_duration_listener(count)
     assert len(outputs) == len(sources) and all(outputs)
     assert len(programs) == 3, programs  # advance at each stage, narrow once.
 

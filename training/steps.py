@@ -275,8 +275,8 @@ def compile_train_step(
         )
         return CompiledTrainStep(
             run=run,
-            place_batch=lambda batch: sharding.split_for_pmap(batch, mesh),
-            enter=lambda state: sharding.stack_for_pmap(state, mesh),
+            place_batch=lambda batch: sharding.split_for_pmap(batch, mesh, PMAP_AXIS),
+            enter=lambda state: sharding.stack_for_pmap(state, mesh, PMAP_AXIS),
             leave=lambda state: sharding.unstack_from_pmap(state, mesh),
         )
     replicated = NamedSharding(mesh, PartitionSpec())

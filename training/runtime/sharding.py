@@ -178,9 +178,15 @@ def check_pmap(shape: dict[str, int]) -> None:
         )
 
 
-def stack_for_pmap(tree: Any, mesh: Mesh) -> Any:
+def _pmap_stacked(mesh: Mesh, axis_name: str) -> NamedSharding:
+    """A leading axis split over `mesh`'s devices as `jax.pmap(axis_name=...)` lays out its outputs, so that the
+    state a step returns comes back in the layout of the first step's: the program is not compiled again."""
+    return NamedSharding(Mesh(mesh.devices.reshape(-1), (axis_name,)), PartitionSpec(axis_name))
+
+
+def stack_for_pmap(tree: Any, mesh: Mesh, axis_name: str) -> Any:
     """One copy of each array per device of `mesh`, stacked on a new leading axis, as `jax.pmap` takes them."""
-    stacked = NamedSharding(mesh, PartitionSpec(mesh.axis_names))
+    stacked = _pmap_stacked(mesh, axis_name)
     return jax.device_put(jax.tree.map(lambda x: jnp.broadcast_to(x, (mesh.size, *x.shape)), tree), stacked)
 
 
@@ -189,7 +195,7 @@ def unstack_from_pmap(tree: Any, mesh: Mesh) -> Any:
     return replicate(jax.tree.map(lambda x: x[0], tree), mesh)
 
 
-def split_for_pmap(batch: dict[str, np.ndarray], mesh: Mesh) -> dict[str, jax.Array]:
+def split_for_pmap(batch: dict[str, np.ndarray], mesh: Mesh, axis_name: str) -> dict[str, jax.Array]:
     """Reshapes each [batch, ...] array to [devices, batch / devices, ...], one slice per device."""
-    stacked = NamedSharding(mesh, PartitionSpec(mesh.axis_names))
+    stacked = _pmap_stacked(mesh, axis_name)
     return jax.device_put({k: v.reshape(mesh.size, -1, *v.shape[1:]) for k, v in batch.items()}, stacked)
