@@ -41,6 +41,7 @@ from absl import app, flags, logging
 
 from benchmarks import accelerator_step, ctranslate2_engine, hlo_buckets, xla_profile
 from common import records
+from common.compile_events import BACKEND_COMPILE_EVENT, compile_events
 from exporting import exporter
 from input_pipeline.text_lines import read_lines
 from models.decoding import decode_length
@@ -51,10 +52,6 @@ from training.runtime import host_memory
 from training.tasks import translation_eval
 
 records.define_software_note_flag()
-# jax.monitoring's event for each program compiled, or read from the compilation cache, and those of tracing a
-# function and lowering it (which a program read from the cache pays too: its key is the lowered module).
-BACKEND_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
-TRACING_EVENTS = ("/jax/core/compile/jaxpr_trace_duration", "/jax/core/compile/jaxpr_to_mlir_module_duration")
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "The trained run to translate with.")
 _SOURCES = flags.DEFINE_string("sources", "data/libreoffice_help_en_de/test.en.gz", "Source sentences.")
@@ -96,21 +93,11 @@ def _profile(translate, calls: int, dump_dir: str) -> dict:
 def _counting_programs(call):
     """(call(), {'programs': the programs it compiled or read from a compilation cache, 'compiling_seconds': the
     seconds XLA took for them, 'tracing_seconds': those of tracing and lowering its jitted functions})."""
-    counts = {"programs": 0, "compiling_seconds": 0.0, "tracing_seconds": 0.0}
-
-    def count(event, duration, **kwargs):
-        del kwargs
-        if event == BACKEND_COMPILE_EVENT:
-            counts["programs"] += 1
-            counts["compiling_seconds"] += duration
-        elif event in TRACING_EVENTS:
-            counts["tracing_seconds"] += duration
-
-    jax.monitoring.register_event_duration_secs_listener(count)
-    try:
-        return call(), counts
-    finally:
-        jax.monitoring.unregister_event_duration_listener(count)
+    with compile_events() as events:
+        result = call()
+    compiles = [seconds for event, seconds, _ in events if event == BACKEND_COMPILE_EVENT]
+    tracing = sum(seconds for event, seconds, _ in events if event != BACKEND_COMPILE_EVENT)
+    return result, {"programs": len(compiles), "compiling_seconds": sum(compiles), "tracing_seconds": tracing}
 
 
 def _whole_process(command: list[str]) -> float:

@@ -14,6 +14,7 @@ import pytest
 from tensorboardX.proto import event_pb2
 from without_tensorflow import finders_without_tensorflow
 
+from common.compile_events import BACKEND_COMPILE_EVENT, compile_events
 from models import TransformerConfig
 
 # XLA_FLAGS for tests that compile many small programs in subprocesses (8-device layouts, one
@@ -63,19 +64,11 @@ def pretend_gpu(monkeypatch, platform_version: str = "cuda 13000", **device) -> 
 @contextlib.contextmanager
 def compiled_programs() -> Iterator[list[dict]]:
     """A list that gets the details (fun_name, ...) of each program XLA compiles, or reads from the persistent
-    compilation cache, inside the block (jax.monitoring's backend-compile events)."""
+    compilation cache, inside the block."""
     programs = []
-
-    def count(event: str, duration: float, **kwargs) -> None:
-        del duration
-        if event == "/jax/core/compile/backend_compile_duration":
-            programs.append(kwargs)
-
-    jax.monitoring.register_event_duration_secs_listener(count)
-    try:
+    with compile_events() as events:
         yield programs
-    finally:
-        jax.monitoring.unregister_event_duration_listener(count)
+        programs += [details for event, _, details in events if event == BACKEND_COMPILE_EVENT]
 
 
 @contextlib.contextmanager
