@@ -2,6 +2,7 @@ r"""Trains or evaluates the Transformer.
 
   python train.py --config=configs/quickstart.py --workdir=runs/quickstart
   python train.py --config=configs/quickstart.py --workdir=runs/quickstart --mode=eval --checkpoint=best
+  python train.py --config=configs/quickstart.py --workdir=runs/quickstart --mode=prepare  # data and tokenizer
 
 Any config field can be overridden, e.g. --config.model.num_layers=2.
 
@@ -30,8 +31,9 @@ _WORKDIR = flags.DEFINE_string("workdir", None, "Directory for checkpoints, logs
 _MODE = flags.DEFINE_enum(
     "mode",
     "train",
-    ["train", "eval"],
-    "train: train (resuming), then evaluate config.eval.split; eval: evaluate a checkpoint.",
+    ["train", "eval", "prepare"],
+    "train: train (resuming), then evaluate config.eval.split; eval: evaluate a checkpoint; prepare: prepare "
+    "the dataset and train the tokenizer in the workdir (what a first training run does first), then stop.",
 )
 _CHECKPOINT = flags.DEFINE_string(
     "checkpoint",
@@ -154,14 +156,16 @@ def _run(config) -> None:
         logging.set_verbosity(logging.WARNING)  # One log for the run: process 0's.
     # One training run per workdir, checked before any data is prepared; evaluation may
     # run beside training. Process 0 holds the lock for all processes of the run.
-    training = _MODE.value == "train"
+    training = _MODE.value in ("train", "prepare")
     lock = workdir.training_lock(_WORKDIR.value) if training and processes.is_main_process() else None
     with lock or contextlib.nullcontext():
         logging.info("JAX devices: %s", jax.devices())
 
         from training import loop  # pylint: disable=g-import-not-at-top
 
-        if training:
+        if _MODE.value == "prepare":
+            loop.prepare_data(config, _WORKDIR.value)
+        elif training:
             loop.train_and_evaluate(config, _WORKDIR.value)
         else:
             loop.evaluate_checkpoint(config, _WORKDIR.value, _CHECKPOINT.value, save_average=_SAVE_AVERAGE.value)

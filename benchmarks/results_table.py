@@ -213,6 +213,7 @@ MEASURED_PATHS = {
         "benchmarks/ctranslate2_engine.py",
     ),
     "sweep": (*_TRAINING, "sweep.py", "sweeps/"),
+    "benchmarks.sweep_jobs": (*_TRAINING, "sweep.py", "sweeps/", "benchmarks/sweep_jobs.py"),
 }
 
 

@@ -136,14 +136,14 @@ def commits_since(commit: str, paths: Sequence[str]) -> int | None:
     return None if count is None else int(count) + bool(uncommitted)
 
 
-def source() -> dict:
+def source(*, warn: bool = True) -> dict:
     """The commit measured, and whether the working tree differed from it (outside docs/results/).
 
-    Warns on stderr where it did: a record of this run will not be taken under docs/results/.
+    Warns on stderr where it did (unless not `warn`): a record of this run will not be taken under docs/results/.
     """
     status = _git("status", "--porcelain", "--", ".", ":(exclude)docs/results")
     uncommitted = None if status is None else bool(status)
-    if uncommitted:
+    if uncommitted and warn:
         print("warning: uncommitted changes: this run's record will be refused under docs/results/", file=sys.stderr)
     return {"commit": _git("rev-parse", "HEAD"), "uncommitted_changes": uncommitted}
 

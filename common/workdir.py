@@ -54,6 +54,11 @@ class Workdir:
         return self._path("labels.tsv")
 
     @property
+    def attempts(self) -> str:
+        """One JSON line per training attempt (a resumed run adds one): its code, devices and seconds per phase."""
+        return self._path("attempts.jsonl")
+
+    @property
     def lock(self) -> str:
         """Held by the training run while it lives."""
         return self._path("train.lock")

@@ -58,7 +58,8 @@ def get_config() -> ml_collections.ConfigDict:
     # runs and restarts (training/runtime/compilation_cache.py). '' turns it off.
     config.compilation_cache_dir = "~/.cache/aiayn/jax_compilation"
     # Dense matmul peak of one device in FLOP/s, for the MFU in the training log (training/flops.py).
-    # 0: from the table of accelerators (H100, H200, A100, TPU v4/v5e/v5p), or measured on a CPU.
+    # 0: from the table of accelerators (H100, H200, A100, TPU v4/v5e/v5p), or measured on a CPU
+    # (a second at start-up); < 0: no MFU, nothing measured.
     config.peak_flops_per_device = 0.0
 
     # The device mesh: data x fsdp x tensor must equal the number of devices;
@@ -199,5 +200,7 @@ def get_config() -> ml_collections.ConfigDict:
     # (needs beam_size 1); top_k > 0 samples among the k most likely tokens only.
     eval_config.temperature = 0.0
     eval_config.top_k = 0
+    # Draw the attention maps of the split's first sentence into TensorBoard after evaluating.
+    eval_config.attention_maps = True
 
     return config

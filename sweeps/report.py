@@ -104,7 +104,7 @@ def read_run(run: Run, config) -> RunResult | None:
         test_chrf=scores["chrf"],
         signature=scores["signature"],
         decoding=scores["decoding"],
-        test_translations=read_translations(Workdir(run.workdir).evaluation(config.eval.split)),
+        test_translations=read_translations(Workdir(run.workdir).evaluation(config.eval.split), run.references),
     )
 
 
@@ -197,6 +197,10 @@ def _variant_figures(s: VariantSummary) -> dict:
         **{f"{column}_diff": _estimate_figures(s.differences[column]) for column in _COMPARED},
         "test_bleu_p_values": None if tested is None else {str(seed): p for seed, p in tested.p_values.items()},
         "test_bleu_significant_seeds": None if tested is None else tested.significant,
+        "test_bleu_holm_p_values": None
+        if tested is None
+        else {str(seed): p for seed, p in tested.holm_p_values.items()},
+        "test_bleu_significant_seeds_after_holm": None if tested is None else tested.significant_after_holm,
         "paper": None if s.variant.paper is None else dataclasses.asdict(s.variant.paper),
     }
 
@@ -248,6 +252,10 @@ def collect(sweep: Sweep, root: str, runs: Sequence[Run]) -> Collected:
     return Collected(summaries, unfinished, lines)
 
 
+def _tests_count(summaries: Sequence[VariantSummary]) -> int:
+    return sum(len(s.significance.p_values) for s in summaries if s.significance)
+
+
 def _params(count: int | None) -> str:
     return "–" if count is None else f"{count / 1e6:.2f}M"
 
@@ -273,15 +281,17 @@ def page(
         "deviation over the seeds both finished. BLEU p: sacreBLEU's paired bootstrap resampling of the test "
         "sentences, each seed's run against the base run of the same seed "
         f"({'; '.join(tests) or 'no test yet'}); k/n: k of the n seeds compared differ at p < "
-        f"{LEVEL}, then each seed's p-value. Validation perplexity per subword at the last step; test BLEU "
+        f"{LEVEL}, then each seed's p-value. Holm: the same after Holm's step-down correction over all "
+        f"the table's tests ({_tests_count(summaries)}), which keeps the chance of any false difference in the "
+        f"table under {LEVEL}. Validation perplexity per subword at the last step; test BLEU "
         f"and chrF detokenized sacreBLEU ({'; '.join(signatures) or 'no scores yet'}), decoding: "
         f"{', '.join(decodings) or '–'}. Train min: the training steps, evaluation excluded. Paper: Vaswani et "
         "al. (2017), Table 3 (newstest2013, perplexity per wordpiece, BLEU, parameters): another corpus and "
         "scale, so compare the direction and size of the differences, not the numbers.",
         "",
         "| variant | row | what | n | params | steps | train min | valid PPL | Δ PPL | test BLEU | Δ BLEU "
-        "| BLEU p | chrF | Δ chrF | paper row | paper PPL | paper BLEU | paper params |",
-        "|" + "---|" * 18,
+        "| BLEU p | Holm | chrF | Δ chrF | paper row | paper PPL | paper BLEU | paper params |",
+        "|" + "---|" * 19,
     ]
     for s in summaries:
         e, d, paper = s.estimates, s.differences, s.variant.paper
@@ -298,6 +308,7 @@ def page(
             format_estimate(e["test_bleu"], 2, s.planned),
             format_estimate(d["test_bleu"], 2, s.planned, signed=True),
             s.significance.describe() if s.significance else "–",
+            s.significance.describe_holm() if s.significance else "–",
             format_estimate(e["test_chrf"], 1, s.planned),
             format_estimate(d["test_chrf"], 1, s.planned, signed=True),
             paper.row if paper else "–",
@@ -309,8 +320,7 @@ def page(
     if unfinished:
         lines += ["", f"Not finished ({len(unfinished)}), left out of the numbers:", ""]
         lines += [
-            f"- {run.label}: {run.workdir}"
-            + (f" (trained with another config: {'; '.join(changed[run])})" if run in changed else "")
+            f"- {run.label}" + (f" (trained with another config: {'; '.join(changed[run])})" if run in changed else "")
             for run in unfinished
         ]
     return lines
@@ -324,6 +334,7 @@ def _write_csv(path: str, summaries: Sequence[VariantSummary]) -> None:
             header += [f"{column}_diff", f"{column}_diff_std"]
     # 'seed:p' for each seed compared, space-separated; how many of them are below LEVEL.
     header += ["test_bleu_p_values", "test_bleu_significant_seeds"]
+    header += ["test_bleu_holm_p_values", "test_bleu_significant_seeds_after_holm"]
     header += ["paper_row", "paper_perplexity", "paper_bleu", "paper_params_millions"]
     with open(path, "w", encoding="utf-8", newline="") as f:
         writer = csv.writer(f)
@@ -359,8 +370,13 @@ def _write_runs_csv(path: str, results: Sequence[RunResult]) -> None:
 
 def _significance_cells(tested: Significance | None) -> list[str]:
     if tested is None:
-        return ["", ""]
-    return [" ".join(f"{seed}:{p!r}" for seed, p in sorted(tested.p_values.items())), str(tested.significant)]
+        return [""] * 4
+    return [
+        " ".join(f"{seed}:{p!r}" for seed, p in sorted(tested.p_values.items())),
+        str(tested.significant),
+        " ".join(f"{seed}:{p!r}" for seed, p in sorted(tested.holm_p_values.items())),
+        str(tested.significant_after_holm),
+    ]
 
 
 def _blank(value) -> str:

@@ -59,11 +59,12 @@ class Sweep:
 
 @dataclasses.dataclass(frozen=True)
 class Run:
-    """One (variant, seed) of a sweep and where it trains."""
+    """One (variant, seed) of a sweep and where it trains (or, read from a ledger, its entry: sweeps/ledger.py)."""
 
     variant: str
     seed: int
     workdir: str
+    references: str | None = None  # The test references where they are not beside the hypotheses (a ledger's).
 
     @property
     def label(self) -> str:
@@ -139,18 +140,42 @@ def seeds_present(root: str, variants: Sequence[str]) -> int:
     return max(seeds, default=-1) + 1
 
 
-def command(sweep: Sweep, run: Run) -> list[str]:
-    """The train.py command of `run`, with absolute paths: it runs as it is from any folder."""
+def prepared_folder(root: str) -> str:
+    """Where a sweep prepares its dataset and trains its tokenizer once, for all its runs (`prepare_command`)."""
+    return os.path.join(os.path.abspath(root), "prepared")
+
+
+def prepare_command(sweep: Sweep, root: str) -> list[str]:
+    """The train.py command that prepares the dataset and trains the tokenizer of the sweep's first variant."""
+    return [
+        sys.executable,
+        TRAIN_SCRIPT,
+        f"--config={sweep.path}:{sweep.variants[0].name}",
+        "--mode=prepare",
+        f"--workdir={prepared_folder(root)}",
+    ]
+
+
+def command(sweep: Sweep, run: Run, root: str) -> list[str]:
+    """The train.py command of `run`, with absolute paths: it runs as it is from any folder.
+
+    A dataset prepared in the workdir (config.dataset.data_dir '') is read where the sweep prepared it
+    once, under `root`; the tokenizer the sweep trained once is in the workdir before it starts.
+    """
+    shared_data = []
+    if not sweep.run_config(run).dataset.data_dir:
+        shared_data = [f"--config.dataset.data_dir={Workdir(prepared_folder(root)).tfds}"]
     return [
         sys.executable,
         TRAIN_SCRIPT,
         f"--config={sweep.path}:{run.variant}",
         f"--config.seed={run.seed}",
+        *shared_data,
         f"--workdir={run.workdir}",
     ]
 
 
-def pending_commands(sweep: Sweep, runs: Sequence[Run]) -> tuple[list[str], list[tuple[Run, str]]]:
+def pending_commands(sweep: Sweep, runs: Sequence[Run], root: str) -> tuple[list[str], list[tuple[Run, str]]]:
     """The shell command lines of the runs not finished yet, one per run (for a job array), and the runs
     left out, with why: their config cannot be built, or they were trained with another config."""
     lines, left_out = [], []
@@ -163,7 +188,7 @@ def pending_commands(sweep: Sweep, runs: Sequence[Run]) -> tuple[list[str], list
         if changes := config_changes(config, run.workdir):
             left_out.append((run, changed_config(sweep, run, changes)))
         elif not is_finished(config, run.workdir):
-            lines.append(shlex.join(command(sweep, run)))
+            lines.append(shlex.join(command(sweep, run, root)))
     return lines, left_out
 
 

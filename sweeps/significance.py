@@ -11,6 +11,7 @@ samples. How many seeds are significant shows whether a difference holds beyond 
 
 import contextlib
 import dataclasses
+import gzip
 import logging
 import os
 from collections.abc import Mapping, Sequence
@@ -31,32 +32,66 @@ class Translations:
 
 @dataclasses.dataclass(frozen=True)
 class Significance:
-    """A variant's p-values against the base, seed -> p, and the test's sacreBLEU signature."""
+    """A variant's p-values against the base, seed -> p, Holm's adjusted ones, and the test's sacreBLEU signature.
+
+    `holm_p_values` are adjusted over every test of the table (each variant's seeds alike, `against_base`):
+    with 66 tests at 0.05, about 3 would be 'significant' by chance alone.
+    """
 
     p_values: dict[int, float]
     signature: str
+    holm_p_values: dict[int, float] = dataclasses.field(default_factory=dict)
 
     @property
     def significant(self) -> int:
         """How many seeds differ from the base at p < LEVEL."""
         return sum(p < LEVEL for p in self.p_values.values())
 
+    @property
+    def significant_after_holm(self) -> int:
+        """How many seeds differ from the base at Holm-adjusted p < LEVEL."""
+        return sum(p < LEVEL for p in self.holm_p_values.values())
+
     def describe(self) -> str:
         """'2/3 (0.001, 0.012, 0.240)': seeds significant of seeds compared, then each seed's p, in seed order."""
         p_values = ", ".join(f"{self.p_values[seed]:.3f}" for seed in sorted(self.p_values))
         return f"{self.significant}/{len(self.p_values)} ({p_values})"
 
+    def describe_holm(self) -> str:
+        """'1/3 (0.030, 0.540, 1.000)': the same after Holm's correction over the table's tests."""
+        p_values = ", ".join(f"{self.holm_p_values[seed]:.3f}" for seed in sorted(self.holm_p_values))
+        return f"{self.significant_after_holm}/{len(self.holm_p_values)} ({p_values})"
+
+
+def holm(p_values: Mapping[object, float]) -> dict[object, float]:
+    """Holm's step-down adjusted p-values (Holm, 1979) of a family of tests, by the same keys.
+
+    The i-th smallest of m p-values becomes max over j <= i of min(1, (m - j + 1) p_(j)); an adjusted p
+    below a level rejects at that level with the chance of any false rejection in the family at most it.
+    """
+    adjusted, running = {}, 0.0
+    ordered = sorted(p_values.items(), key=lambda item: item[1])
+    for rank, (key, p_value) in enumerate(ordered):
+        running = max(running, min(1.0, (len(ordered) - rank) * p_value))
+        adjusted[key] = running
+    return adjusted
+
 
 def _lines(path: str) -> tuple[str, ...]:
+    """The lines of `path`, gzipped where it ends with .gz or only `path`.gz exists (a ledger's: sweeps/ledger.py)."""
+    if not os.path.exists(path) and os.path.exists(path + ".gz"):
+        path += ".gz"
     # Evaluation writes one line per sentence, each ended by '\n' (newlines inside replaced).
-    with open(path, encoding="utf-8", newline="\n") as f:
+    with (gzip.open if path.endswith(".gz") else open)(path, "rt", encoding="utf-8", newline="\n") as f:
         return tuple(f.read().split("\n")[:-1])
 
 
-def read_translations(folder: str) -> Translations | None:
-    """hypotheses.txt and references.txt of an evaluation folder; None if either is missing or they differ in length."""
+def read_translations(folder: str, references: str | None = None) -> Translations | None:
+    """hypotheses.txt and references.txt (or `references`, where given) of an evaluation folder, gzipped or not;
+    None if either is missing or they differ in length."""
     try:
-        found = Translations(*(_lines(os.path.join(folder, name)) for name in ("hypotheses.txt", "references.txt")))
+        hypotheses = _lines(os.path.join(folder, "hypotheses.txt"))
+        found = Translations(hypotheses, _lines(references or os.path.join(folder, "references.txt")))
     except FileNotFoundError:
         return None
     return found if len(found.hypotheses) == len(found.references) else None
@@ -102,7 +137,8 @@ def against_base(translations: Mapping[str, Mapping[int, Translations]], base: s
         base: the variant the others are compared with.
 
     Returns:
-        variant -> its `Significance`, for the variants with at least one seed compared.
+        variant -> its `Significance`, for the variants with at least one seed compared; Holm's
+        correction is over all of them.
     """
     p_values, signature = {}, None
     for seed, reference_run in sorted(translations.get(base, {}).items()):
@@ -118,4 +154,8 @@ def against_base(translations: Mapping[str, Mapping[int, Translations]], base: s
         )
         for (name, _), p_value in zip(compared, found, strict=True):
             p_values.setdefault(name, {})[seed] = p_value
-    return {name: Significance(found, signature) for name, found in p_values.items()}
+    adjusted = holm({(name, seed): p for name, by_seed in p_values.items() for seed, p in by_seed.items()})
+    return {
+        name: Significance(found, signature, {seed: adjusted[name, seed] for seed in found})
+        for name, found in p_values.items()
+    }

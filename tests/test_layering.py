@@ -56,8 +56,9 @@ _BELOW = {
         "training.tasks",
         "training.inference",
     },
-    # The sweep runner starts train.py processes and reads what they write: no JAX.
-    "sweeps": {"common", "configs", "training.reporting"},
+    # The sweep runner starts train.py processes and reads what they write (no JAX); its budget counts
+    # a run's FLOPs as training does (sweeps/budget.py: models, training.flops).
+    "sweeps": {"common", "configs", "training.reporting", "training.core", "models"},
 }
 # Export reads a trained run as translate.py does (training.inference) and writes it for other engines.
 _BELOW["exporting"] = _BELOW["training.inference"] | {"training.inference"}
@@ -152,7 +153,7 @@ def test_configs_and_the_sweep_runner_import_no_jax():
     code = (
         "import sys\n"
         "import configs.default, configs.quickstart, configs.tiny, configs.classify, configs.sweeps.table3\n"
-        "import sweeps.runner, sweeps.train_processes, sweeps.report, sweep\n"
+        "import sweeps.runner, sweeps.train_processes, sweeps.report, sweeps.ledger, sweeps.plots\n"
         "heavy = sorted(name for name in ('jax', 'flax', 'tensorflow', 'orbax') if name in sys.modules)\n"
         "assert not heavy, heavy\n"
     )

@@ -163,6 +163,7 @@ def test_dry_run_prints_one_self_contained_command_per_run(swept):
             os.path.join(REPO_ROOT, "train.py"),
             f"--config={swept['sweep_file']}:{variant}",
             f"--config.seed={seed}",
+            f"--config.dataset.data_dir={root}/prepared/tfds",  # Prepared once for the sweep.
             f"--workdir={root}/{variant}/seed_{seed}",
         ]
         for seed in (0, 1)
@@ -242,7 +243,7 @@ def test_results_are_the_mean_and_std_of_the_runs_scores(swept):
     assert f"| wide | (C) size | d_ff 128 | 2/2 | {int(rows['wide']['params']) / 1e6:.2f}M | {_STEPS} |" in markdown
     bleu_cell = f"{np.mean(list(wide_bleu.values())):.2f} ± {np.std(list(wide_bleu.values()), ddof=1):.2f}"
     assert bleu_cell in markdown
-    assert "- heads_3/seed_0:" in markdown and "- heads_3/seed_1:" in markdown
+    assert "- heads_3/seed_0\n" in markdown and "- heads_3/seed_1\n" in markdown
     for picture in ("results_bleu.png", "valid_curves.png"):
         with open(os.path.join(root, picture), "rb") as f:
             assert f.read(8) == b"\x89PNG\r\n\x1a\n"
@@ -478,7 +479,7 @@ def test_the_dry_run_leaves_out_finished_runs_and_names_those_whose_config_canno
     )
     loaded = runner.load_sweep(str(path))
     runs = runner.plan_runs(str(tmp_path / "runs"), loaded.names(), 2)
-    lines, unbuildable = runner.pending_commands(loaded, runs)
+    lines, unbuildable = runner.pending_commands(loaded, runs, str(tmp_path / "runs"))
     assert [shlex.split(line)[2:4] for line in lines] == [
         [f"--config={path}:base", "--config.seed=0"],
         [f"--config={path}:base", "--config.seed=1"],
@@ -488,11 +489,12 @@ def test_the_dry_run_leaves_out_finished_runs_and_names_those_whose_config_canno
         ("typo/seed_1", True),
     ]
     _write_scores(runs[0].workdir, loaded.get_config("base"))
-    assert [shlex.split(line)[3] for line in runner.pending_commands(loaded, runs)[0]] == ["--config.seed=1"]
+    pending = runner.pending_commands(loaded, runs, str(tmp_path / "runs"))[0]
+    assert [shlex.split(line)[3] for line in pending] == ["--config.seed=1"]
     # Collecting lists the runs that cannot have run as unfinished (base/seed_0 lacks its metric logs: no numbers).
     unfinished = report.collect(loaded, str(tmp_path / "runs"), runs).unfinished
     assert [run.label for run in unfinished] == ["typo/seed_0", "base/seed_1", "typo/seed_1"]
-    assert "- typo/seed_1:" in (tmp_path / "runs" / "results.md").read_text(encoding="utf-8")
+    assert "- typo/seed_1\n" in (tmp_path / "runs" / "results.md").read_text(encoding="utf-8")
 
 
 def _write_sweep(path, dropout: float, log_every_steps: int = 100, beam_size: int = 1):
@@ -559,7 +561,7 @@ def test_a_run_trained_with_another_config_than_the_sweep_files_fails_and_is_not
         )
     save_config(loaded.run_config(base), base.workdir)
 
-    lines, left_out = runner.pending_commands(edited, runs)
+    lines, left_out = runner.pending_commands(edited, runs, str(tmp_path / "runs"))
     assert [shlex.split(line)[2:4] for line in lines] == [  # base/seed_0 is evaluated again: beam 4 now.
         [f"--config={path}:base", "--config.seed=0"],
         [f"--config={path}:base", "--config.seed=1"],
@@ -573,13 +575,13 @@ def test_a_run_trained_with_another_config_than_the_sweep_files_fails_and_is_not
         )
     ]
     echoed = []
-    outcome = train_processes.run_all(edited, [drop], echo=echoed.append)  # Fails at once: nothing is trained.
+    outcome = train_processes.run_all(edited, [drop], str(tmp_path / "runs"), echo=echoed.append)  # Nothing trains.
     assert outcome.failed == left_out and not outcome.finished and not outcome.skipped
-    assert echoed == [f"[1/1] drop/seed_0: FAILED, {left_out[0][1]}"]
+    assert echoed == [f"[1/1] drop/seed_0: FAILED ({left_out[0][1]})"]
     assert not os.path.exists(os.path.join(drop.workdir, train_processes.LOG_NAME))
     report.collect(edited, str(tmp_path / "runs"), runs)
     results_md = (tmp_path / "runs" / "results.md").read_text(encoding="utf-8")
-    assert f"- drop/seed_0: {drop.workdir} (trained with another config: model.dropout_rate: 0.3 → 0.5)" in results_md
+    assert "- drop/seed_0 (trained with another config: model.dropout_rate: 0.3 → 0.5)" in results_md
 
 
 def _result(variant, seed, bleu, perplexity, seconds=120.0):
@@ -625,6 +627,10 @@ def _sacrebleu_p_value(base: list[str], system: list[str], references: list[str]
 
 @pytest.fixture
 def synthetic_sweep(tmp_path):
+    return write_synthetic_sweep(tmp_path)
+
+
+def write_synthetic_sweep(tmp_path) -> dict:
     """Two seeds of four Table 3 variants, finished, with made-up translations of 60 test sentences.
 
     The base translates every sentence as the next one's reference (few n-grams right); heads_1

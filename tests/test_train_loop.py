@@ -2,17 +2,20 @@
 
 import json
 import os
+import time
 
 import jax
 import numpy as np
 import pytest
 from conftest import run_entry_point, tiny_config
 
+from common.workdir import Workdir
 from input_pipeline.tokenizer import load_tokenizer
 from models.build import make_model
 from training import loop
 from training.checkpoints.checkpointer import Checkpointer
 from training.optimizer import make_optimizer
+from training.reporting import attempts
 from training.runtime import sharding
 
 pytestmark = pytest.mark.slow
@@ -63,6 +66,8 @@ def test_resumed_training_equals_uninterrupted_training(small_corpus, tmp_path, 
     assert straight_scores == resumed_scores
     # The best-BLEU checkpoint is chosen the same, across the restart.
     assert _best(straight) is not None and _best(straight) == _best(resumed)
+    # Each attempt is a line of attempts.jsonl, with the step it reached.
+    assert [attempt["step"] for attempt in attempts.read(Workdir(resumed).attempts)] == [3, 6]
 
 
 def _run_cli(*args):
@@ -72,11 +77,20 @@ def _run_cli(*args):
 def test_cli_trains_then_evaluates_a_checkpoint(small_corpus, tmp_path):
     workdir = str(tmp_path / "run")
     common = ["--config=configs/tiny.py", f"--workdir={workdir}", f"--config.dataset.path={small_corpus}"]
+    started = time.monotonic()
     trained = _run_cli(*common, "--config.num_train_steps=4", "--config.model.num_layers=2")
+    trained_seconds = time.monotonic() - started
     assert trained.returncode == 0, trained.stderr[-3000:]
     assert sorted(os.listdir(os.path.join(workdir, "checkpoints"))) == ["3", "4"]
     assert os.path.exists(os.path.join(workdir, "tokenizer.model"))
     assert os.listdir(os.path.join(workdir, "tensorboard", "train"))
+    # What ran it and where its time went: the phases and the compiling within the process's wall time.
+    (attempt,) = attempts.read(Workdir(workdir).attempts)
+    assert (attempt["step"], attempt["platform"], attempt["device_count"], attempt["dtype"]) == (4, "cpu", 1, "float32")
+    assert attempt["commit"] and attempt["software"]["jax"] and attempt["cpu_kind"].startswith("cpu")
+    seconds = attempt["seconds"]
+    assert set(seconds) == {"setup", "compile", "train", "evaluation"} and min(seconds.values()) > 0
+    assert sum(seconds.values()) < attempt["wall_seconds"] < trained_seconds + 0.02  # /proc counts in 10 ms ticks.
 
     evaluated = _run_cli(*common, "--config.model.num_layers=2", "--mode=eval", "--checkpoint=3")
     assert evaluated.returncode == 0, evaluated.stderr[-3000:]

@@ -13,17 +13,18 @@ import numpy as np
 from absl import logging
 from tqdm import tqdm
 
-from common import processes
+from common import processes, records
 from common.errors import TrainingStopped, UserInputError
 from common.workdir import Workdir
-from models.build import is_classification
+from models.build import compute_dtype, is_classification
 from models.classifier import Classifier
 from models.transformer import TransformerConfig
 from training import divergence, flops, preemption
 from training.checkpoints.checkpointer import Checkpointer, save_params
 from training.inference import load_trained_model, save_config
 from training.optimizer import make_optimizer
-from training.reporting import metric_log
+from training.phases import PhaseClock, process_age_seconds
+from training.reporting import attempts, metric_log
 from training.reporting.metrics_writer import MetricWriter
 from training.runtime import sharding
 from training.state import TrainState, abstract_state, initial_state, state_shardings
@@ -36,8 +37,27 @@ def make_task(config: ml_collections.ConfigDict) -> base.Task:
     return classification.ClassificationTask() if is_classification(config) else translation.TranslationTask()
 
 
+def prepare_data(config: ml_collections.ConfigDict, workdir: str) -> None:
+    """Prepares the run's dataset (config.dataset.data_dir) and trains its tokenizer into `workdir`, as
+    `train_and_evaluate` does first; a sweep does it once for all its runs (sweeps/train_processes.py).
+
+    Logs an attempt (<workdir>/attempts.jsonl): the code, platform, devices and dtype a run would train with.
+    """
+    clock = PhaseClock()
+    with clock.counting_compiles(), _attempt_logged(config, clock, workdir), clock.phase("setup"):
+        make_task(config).load_data(config, workdir, _splits(config), allow_training_tokenizer=True)
+
+
+def _splits(config: ml_collections.ConfigDict) -> tuple[str, ...]:
+    """The splits a training run reads: train, validation and the evaluated one."""
+    dataset = config.dataset
+    return tuple(dict.fromkeys((dataset.train_split, dataset.valid_split, config.eval.split)))
+
+
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
     """Trains (resuming from the workdir's latest checkpoint), then evaluates config.eval.split.
+
+    The attempt (its code, devices and seconds per phase) is appended to <workdir>/attempts.jsonl.
 
     Returns:
         The evaluation scores (also in <workdir>/eval/<split>/scores.json).
@@ -47,51 +67,54 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
             training/preemption.py), or a step was not finite (config.nonfinite:
             training/divergence.py).
     """
-    task = make_task(config)
-    dataset = config.dataset
-    splits = tuple(dict.fromkeys((dataset.train_split, dataset.valid_split, config.eval.split)))
-    corpus = task.load_data(config, workdir, splits, allow_training_tokenizer=True)
-    mesh = sharding.make_mesh(config.mesh)
-    logging.info("Mesh %s, %s step.", dict(mesh.shape), config.step_compilation)
-    model = task.make_model(config, corpus)
-    throughput = _Throughput.of(config, model)  # Before the data stream's thread takes CPU from a measured peak.
-    tx, learning_rate_fn = make_optimizer(config.optimizer, d_model=config.model.d_model)
-    shardings = state_shardings(config, model, tx, mesh)
-    checkpointer = Checkpointer(workdir, keep=config.keep_checkpoints)
-    if (restored := restore_latest_checkpoint(checkpointer, config, model, tx, mesh)) is not None:
-        state, position = restored
-        logging.info("Resumed from step %d (data position %s).", int(state.step), position)
-    else:
-        state, position = initial_state(config, model, tx, shardings), None
-    # Only once the tokenizer and the checkpoint have been found to fit: a rejected restart
-    # leaves the config.json that translate.py reads as it was.
-    if jax.process_index() == 0:
-        save_config(config, workdir)  # For translate.py and evaluation without the config file.
+    clock = PhaseClock()
+    with clock.counting_compiles(), _attempt_logged(config, clock, workdir):
+        with clock.phase("setup"):
+            task = make_task(config)
+            corpus = task.load_data(config, workdir, _splits(config), allow_training_tokenizer=True)
+            mesh = sharding.make_mesh(config.mesh)
+            logging.info("Mesh %s, %s step.", dict(mesh.shape), config.step_compilation)
+            model = task.make_model(config, corpus)
+            throughput = _Throughput.of(config, model)  # Before the data stream takes CPU from a measured peak.
+            tx, learning_rate_fn = make_optimizer(config.optimizer, d_model=config.model.d_model)
+            shardings = state_shardings(config, model, tx, mesh)
+            checkpointer = Checkpointer(workdir, keep=config.keep_checkpoints)
+            if (restored := restore_latest_checkpoint(checkpointer, config, model, tx, mesh)) is not None:
+                state, position = restored
+                logging.info("Resumed from step %d (data position %s).", int(state.step), position)
+            else:
+                state, position = initial_state(config, model, tx, shardings), None
+            # Only once the tokenizer and the checkpoint have been found to fit: a rejected restart
+            # leaves the config.json that translate.py reads as it was.
+            if jax.process_index() == 0:
+                save_config(config, workdir)  # For translate.py and evaluation without the config file.
 
-    train_batches = task.train_batches(config, corpus, mesh, position, int(state.step))
-    train_step = configured_train_step(config, task.loss_fn(config, model), tx, learning_rate_fn, mesh, shardings)
-    evaluator = task.evaluator(config, model, corpus, mesh)
-    writers = {name: MetricWriter(workdir, name) for name in ("train", "valid")}
-    if int(state.step) == 0:
-        writers["train"].write(0, {"num_params": sum(x.size for x in jax.tree.leaves(state.params))})
-    with contextlib.closing(train_batches):
-        state = _train(
-            config,
-            state,
-            train_step,
-            train_batches,
-            evaluator,
-            task.keep_best_metric,
-            checkpointer,
-            writers,
-            throughput,
-            validate_first=_validation_missed(config, workdir, int(state.step)),
-        )
-
-    scores = evaluator.evaluate(state.params, int(state.step), f"step {int(state.step)}", workdir)
-    for writer in writers.values():
-        writer.close()
-    checkpointer.close()
+            train_batches = task.train_batches(config, corpus, mesh, position, int(state.step))
+            loss_fn = task.loss_fn(config, model)
+            train_step = configured_train_step(config, loss_fn, tx, learning_rate_fn, mesh, shardings)
+            evaluator = task.evaluator(config, model, corpus, mesh)
+            writers = {name: MetricWriter(workdir, name) for name in ("train", "valid")}
+            if int(state.step) == 0:
+                writers["train"].write(0, {"num_params": sum(x.size for x in jax.tree.leaves(state.params))})
+        with contextlib.closing(train_batches), clock.phase("train"):
+            state = _train(
+                config,
+                state,
+                train_step,
+                train_batches,
+                evaluator,
+                task.keep_best_metric,
+                checkpointer,
+                writers,
+                throughput,
+                clock,
+                validate_first=_validation_missed(config, workdir, int(state.step)),
+            )
+        with clock.phase("evaluation"):
+            scores = evaluator.evaluate(state.params, int(state.step), f"step {int(state.step)}", workdir)
+        for writer in writers.values():
+            writer.close()
+        checkpointer.close()
     return scores
 
 
@@ -105,10 +128,12 @@ def _train(
     checkpointer: Checkpointer,
     writers: dict[str, MetricWriter],
     throughput: "_Throughput",
+    clock: PhaseClock,
     validate_first: bool = False,
 ) -> TrainState:
     """Runs the steps from state.step to config.num_train_steps: logs, validates, saves, stops on a signal.
 
+    clock: times validation as the 'evaluation' phase.
     validate_first: validate state.step before the first step (`_validation_missed`).
 
     Returns:
@@ -133,7 +158,8 @@ def _train(
     with progress, preemption.StopSignals(first_step) as stop_signals, _saves_finished_when_stopped(checkpointer):
         if validate_first:  # Inside StopSignals: a signal now stops the run after its next step, saved.
             logging.info("Step %d was saved by a stop signal before its validation: validating it now.", first_step)
-            writers["valid"].write(first_step, _validate(evaluator, state, keep_best_metric, checkpointer))
+            with clock.phase("evaluation"):
+                writers["valid"].write(first_step, _validate(evaluator, state, keep_best_metric, checkpointer))
             interval_start = time.perf_counter()  # Evaluation is not training time.
         step_state = train_step.enter(state)
         for step in range(first_step + 1, config.num_train_steps + 1):
@@ -160,7 +186,7 @@ def _train(
                     progress.set_postfix(
                         loss=f"{summary['loss']:.3f}",
                         tok_s=f"{summary['target_tokens_per_second']:.0f}",
-                        mfu=f"{summary['mfu']:.1%}",
+                        **({"mfu": f"{summary['mfu']:.1%}"} if "mfu" in summary else {}),
                     )
                 pending, interval_start = [], time.perf_counter()
             if evaluate or save:
@@ -168,7 +194,8 @@ def _train(
             if evaluate:
                 jax.block_until_ready(state)  # Steps still running count as training time.
                 eval_start = time.perf_counter()
-                writers["valid"].write(step, _validate(evaluator, state, keep_best_metric, checkpointer))
+                with clock.phase("evaluation"):
+                    writers["valid"].write(step, _validate(evaluator, state, keep_best_metric, checkpointer))
                 interval_start += time.perf_counter() - eval_start  # Evaluation is not training time.
             if save:
                 checkpointer.save(state, train_batches.get_state())
@@ -223,6 +250,42 @@ def restore_latest_checkpoint(
 
 
 @contextlib.contextmanager
+def _attempt_logged(config: ml_collections.ConfigDict, clock: PhaseClock, workdir: str) -> Iterator[None]:
+    """Appends the attempt to <workdir>/attempts.jsonl when it ends, trained or stopped (`_attempt`)."""
+    try:
+        yield
+    except TrainingStopped:
+        _log_attempt(config, clock, workdir)
+        raise
+    _log_attempt(config, clock, workdir)
+
+
+def _log_attempt(config: ml_collections.ConfigDict, clock: PhaseClock, workdir: str) -> None:
+    """What ran the attempt and how long each phase took, as one line: the code commit, the machine, the
+    devices and compute dtype, the last step logged, seconds since the process started and per phase.
+
+    A run's time is the sum of its attempts' (sweeps/ledger.py). Process 0 writes.
+    """
+    if not processes.is_main_process():
+        return
+    device, host = jax.devices()[0], records.machine()
+    attempt = {
+        **records.source(warn=False),
+        "step": max(metric_log.read(workdir, "train"), default=0),
+        **{key: host[key] for key in ("cpu_model", "cpu_kind", "cores")},
+        "platform": device.platform,
+        "device_kind": device.device_kind,
+        "device_count": jax.device_count(),
+        "process_count": jax.process_count(),
+        "dtype": compute_dtype(config.model.dtype),
+        "software": records.software(),
+        "wall_seconds": process_age_seconds(),
+        "seconds": dict(clock.seconds),
+    }
+    attempts.append(Workdir(workdir).attempts, attempt)
+
+
+@contextlib.contextmanager
 def _saves_finished_when_stopped(checkpointer: Checkpointer) -> Iterator[None]:
     """Lets the saves in flight (all of good states) complete when training stops early, before the process ends."""
     try:
@@ -243,11 +306,14 @@ class _Throughput:
     """What turns a step's batch into model FLOPs, and the peak FLOP/s of all the run's devices."""
 
     model_config: TransformerConfig  # The encoder-decoder's, or the classifier's encoder's.
-    peak: float  # FLOP/s of all devices together.
+    peak: float | None  # FLOP/s of all devices together; None: not known (config.peak_flops_per_device < 0), no MFU.
 
     @classmethod
     def of(cls, config: ml_collections.ConfigDict, model) -> "_Throughput":
         model_config = model.config.encoder if isinstance(model, Classifier) else model.config
+        if config.peak_flops_per_device < 0:
+            logging.info("Compute dtype %s (model.dtype=%r); no MFU.", model_config.dtype, config.model.dtype)
+            return cls(model_config, None)
         per_device, source = flops.peak_flops_per_device(model_config.dtype, config.peak_flops_per_device)
         logging.info(
             "Compute dtype %s (model.dtype=%r); MFU is model FLOP/s over %s devices x %.1f TFLOP/s (%s matmul peak).",
@@ -270,12 +336,12 @@ class _Throughput:
         return flops.train_step_flops(self.model_config, rows, source_length, target_length)
 
 
-def _summarize(metrics: list[dict[str, np.ndarray]], seconds: float, peak_flops: float) -> dict[str, float]:
+def _summarize(metrics: list[dict[str, np.ndarray]], seconds: float, peak_flops: float | None) -> dict[str, float]:
     """Means over an interval's applied steps (token-weighted), skipped steps, real target tokens/s, MFU, and
     the interval's `seconds` of training (validation excluded; summed over the intervals of a run: its train time).
 
     Translation also gets 'real_token_fraction': the real (non-pad) share of the batches' target positions.
-    'model_flops_per_second' counts every step's matmuls (training/flops.py); 'mfu' is it over `peak_flops`.
+    'model_flops_per_second' counts every step's matmuls (training/flops.py); 'mfu' is it over `peak_flops` (if known).
     """
     tokens = np.array([m["tokens"] for m in metrics], np.float64)
     summary = {}
@@ -290,7 +356,8 @@ def _summarize(metrics: list[dict[str, np.ndarray]], seconds: float, peak_flops:
     summary["target_tokens_per_second"] = float(tokens.sum()) / seconds
     summary["skipped_steps"] = float(len(metrics) - len(applied))
     summary["model_flops_per_second"] = sum(float(m["model_flops"]) for m in metrics) / seconds
-    summary["mfu"] = summary["model_flops_per_second"] / peak_flops
+    if peak_flops is not None:
+        summary["mfu"] = summary["model_flops_per_second"] / peak_flops
     if "target_positions" in metrics[0]:
         summary["real_token_fraction"] = float(tokens.sum()) / sum(m["target_positions"] for m in metrics)
     return summary

@@ -162,7 +162,7 @@ class ClassificationEvaluator:
         # runs the model on the global parameters, process 0 writes.
         figures = (
             attention_maps.classifier_attention_figures(self.model, params, self.corpus.tokenizer, text.texts[0])
-            if len(text)
+            if self.config.eval.attention_maps and len(text)
             else {}
         )
         if not processes.is_main_process():

@@ -116,7 +116,8 @@ class TranslationEvaluator:
 
 
 def evaluate_split(config, setup, model, params, step: int, description: str, corpus: Corpus, workdir: str) -> dict:
-    """Evaluates config.eval.split into <workdir>/eval/<split>/, with attention maps in TensorBoard."""
+    """Evaluates config.eval.split into <workdir>/eval/<split>/, with attention maps in TensorBoard
+    (config.eval.attention_maps)."""
     split = config.eval.split
     scores, hypotheses = translation_eval.evaluate_split(
         setup,
@@ -129,7 +130,7 @@ def evaluate_split(config, setup, model, params, step: int, description: str, co
         checkpoint=description,
     )
     _log_scores(scores)
-    if len(corpus.text[split]):  # The maps of the split's first sentence and its translation.
+    if config.eval.attention_maps and len(corpus.text[split]):  # The split's first sentence and its translation.
         writer = MetricWriter(workdir, f"eval_{split}")
         write_attention_summary(
             writer, step, model, params, setup.tokenizer, corpus.text[split].sources[0], hypotheses[0]
