@@ -86,7 +86,20 @@ def make_model(config: ml_collections.ConfigDict, vocab_size: int, num_classes: 
     """
     model = config.model
     dtype = compute_dtype(model.dtype)
-    transformer_config = TransformerConfig(
+    attention = attention_implementation(model.attention_implementation, dtype, model.d_model // model.num_heads)
+    transformer_config = transformer_config_of(model, vocab_size, dtype=dtype, attention=attention)
+    if is_classification(config):
+        encoder = dataclasses.replace(transformer_config, num_decoder_layers=0)
+        return Classifier(ClassifierConfig(encoder, num_classes, model.pooling))
+    return Transformer(transformer_config)
+
+
+def transformer_config_of(
+    model: ml_collections.ConfigDict, vocab_size: int, *, dtype: str = "float32", attention: str = "explicit"
+) -> TransformerConfig:
+    """The TransformerConfig of config.model with `dtype` and `attention` as given: nothing asks the devices, so its
+    sizes (for FLOPs: sweeps/budget.py) come without starting a JAX backend; `make_model` resolves them for the run."""
+    return TransformerConfig(
         vocab_size=vocab_size,
         d_model=model.d_model,
         num_heads=model.num_heads,
@@ -105,11 +118,5 @@ def make_model(config: ml_collections.ConfigDict, vocab_size: int, num_classes: 
         relative_values=model.relative_values,
         pad_id=PAD_ID,
         bos_id=BOS_ID,
-        attention_implementation=attention_implementation(
-            model.attention_implementation, dtype, model.d_model // model.num_heads
-        ),
+        attention_implementation=attention,
     )
-    if is_classification(config):
-        encoder = dataclasses.replace(transformer_config, num_decoder_layers=0)
-        return Classifier(ClassifierConfig(encoder, num_classes, model.pooling))
-    return Transformer(transformer_config)

@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 
 import ml_collections
 
-from models.build import make_model
+from models.build import transformer_config_of
 from training import flops
 
 
@@ -20,8 +20,8 @@ def run_flops(config: ml_collections.ConfigDict) -> int:
     """Model FLOPs of a translation run's training: its train step on full rows, times its steps."""
     rows = config.per_device_batch_size * config.grad_accumulation_steps
     length = config.dataset.max_length
-    model = make_model(config, config.tokenizer.vocab_size)
-    return flops.train_step_flops(model.config, rows, length, length) * config.num_train_steps
+    model = transformer_config_of(config.model, config.tokenizer.vocab_size)  # Starts no JAX backend.
+    return flops.train_step_flops(model, rows, length, length) * config.num_train_steps
 
 
 @dataclasses.dataclass

@@ -269,6 +269,16 @@ def test_a_run_is_predicted_to_take_the_measured_time_times_its_flops_ratio():
     assert plan.predicted_seconds(base) == pytest.approx(300.0)
 
 
+def test_counting_a_runs_flops_starts_no_jax_backend():
+    """The sweep process must not take a GPU (JAX's 75% of its memory) that its runs need: JAX_PLATFORMS names a
+    platform this machine lacks, so that starting any backend would fail."""
+    code = "from configs.sweeps import table3; from sweeps import budget; print(budget.run_flops(table3.get_config()))"
+    env = {**entry_point_env(), "JAX_PLATFORMS": "tpu"}
+    counted = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, env=env, capture_output=True, text=True)
+    assert counted.returncode == 0, counted.stderr[-2000:]
+    assert int(counted.stdout) == budget.run_flops(table3.get_config()) > 0
+
+
 def test_each_job_gets_its_own_cores_or_gpus():
     cores = [0, 1]
     assert train_processes.slot_environment(0, 1, cores, []) == ({}, [0, 1])
