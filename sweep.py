@@ -89,7 +89,12 @@ def _sweep() -> None:
         train_processes.prepare(loaded, _ROOT.value, ledger)
     planned = runner.plan_runs(_ROOT.value, selected, _SEEDS.value)
     if ledger is not None:
-        planned = [run for run in planned if not ledger.has(run)]
+        in_ledger = [run for run in planned if ledger.has(run)]
+        planned = [run for run in planned if run not in in_ledger]
+        print(
+            f"{len(in_ledger)} of the runs asked for are in the ledger {ledger.path}, {len(planned)} not.",
+            file=sys.stderr,
+        )
     if _DRY_RUN.value:
         lines, left_out = runner.pending_commands(loaded, planned, _ROOT.value)
         left_out_runs = {run for run, _ in left_out}
