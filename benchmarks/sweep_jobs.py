@@ -83,9 +83,10 @@ def main(argv):
                 f.write(_SWEEP_FILE.format(steps=_STEPS.value, cache=os.path.join(root, "compilation_cache")))
             wall = _sweep(sweep_file, root, jobs)
             runs = {variant: _phases(root, variant) for variant in _VARIANTS}
-            # Full runs `jobs` at a time: the slowest of each group of `jobs` sets the group's wall time.
-            full = max(_full_run_seconds(phases, _STEPS.value) for phases in runs.values())
-            full_runs_per_hour = 3600 / (full * len(_VARIANTS) / jobs)
+            # Full runs `jobs` at a time: the groups run one after the other, each as long as its slowest run.
+            full = [_full_run_seconds(phases, _STEPS.value) for phases in runs.values()]
+            groups = [full[start : start + jobs] for start in range(0, len(full), jobs)]
+            full_runs_per_hour = 3600 * len(full) / sum(max(group) for group in groups)
             figures["settings"][str(jobs)] = {
                 "wall_seconds": round(wall, 1),
                 "runs_per_hour": round(3600 * len(_VARIANTS) / wall, 2),
