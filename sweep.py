@@ -52,7 +52,11 @@ _LEDGER = flags.DEFINE_string(
     "machine; the results come from it alone. It pins the code commit, platform, devices, dtype and tokenizer.",
 )
 _JOBS = flags.DEFINE_integer(
-    "jobs", 1, "Runs trained at once, each on its own GPUs or CPU cores where there are enough.", lower_bound=1
+    "jobs",
+    None,
+    "Runs trained at once, each on its own GPUs or CPU cores where there are enough. Default: 2 on a CPU of 2 or "
+    "more cores (docs/results/sweep_jobs_cpu-amx: more runs an hour than one run on both cores), else 1.",
+    lower_bound=1,
 )
 _BUDGET_MINUTES = flags.DEFINE_float(
     "budget_minutes",
@@ -109,7 +113,7 @@ def _sweep() -> None:
     failed, runs = [], {"trained": 0, "finished_before": None}  # --collect: none trained, the rest unknown.
     if not _COLLECT.value:
         budget = _budget(ledger)
-        outcome = train_processes.run_all(loaded, planned, _ROOT.value, ledger=ledger, jobs=_JOBS.value, budget=budget)
+        outcome = train_processes.run_all(loaded, planned, _ROOT.value, ledger=ledger, jobs=_jobs(), budget=budget)
         failed = outcome.failed
         print(f"{len(outcome.finished)} runs trained, {len(outcome.skipped)} finished before, {len(failed)} failed.")
         if outcome.deferred:
@@ -129,6 +133,13 @@ def _sweep() -> None:
 
 def _labels(runs_and_predictions) -> str:
     return ", ".join(f"{run.label} (~{seconds / 60:.0f} min)" for run, seconds in runs_and_predictions)
+
+
+def _jobs() -> int:
+    """--jobs, or its default: 2 on a CPU of 2 or more cores, else 1 (a machine with GPUs: one run on all of them)."""
+    if _JOBS.value is not None:
+        return _JOBS.value
+    return 2 if not train_processes.visible_gpus() and len(os.sched_getaffinity(0)) >= 2 else 1
 
 
 def _budget(ledger: Ledger | None) -> Budget | None:
