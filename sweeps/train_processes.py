@@ -129,6 +129,7 @@ class _Running:
     child: subprocess.Popen
     slot: int
     started: float
+    fresh: bool  # Started from step 0, not resumed: its wall time is a whole run's (the budget's measure).
 
 
 def run_all(
@@ -209,8 +210,9 @@ class _Scheduler:
             slot = min(set(range(self.jobs)) - set(self.running))
             self._say(index, run, f"training in {run.workdir} (log: {_log_path(run)})")
             cores, gpus = sorted(os.sched_getaffinity(0)), visible_gpus()
+            fresh = not _has_checkpoint(run)
             child = _start(self.sweep, run, self.root, *slot_environment(slot, self.jobs, cores, gpus))
-            self.running[slot] = _Running(index, run, config, child, slot, time.monotonic())
+            self.running[slot] = _Running(index, run, config, child, slot, time.monotonic(), fresh)
             self.signals.children.add(child)
             if self.signals.received is not None:  # It came while train.py was starting.
                 self.signals.forward(child)
@@ -225,7 +227,7 @@ class _Scheduler:
             if self.signals.received is not None:
                 self.interrupted.append(f"{job.run.label} (train.py: {_describe(status)}; log: {_log_path(job.run)})")
             elif status == 0 and is_finished(job.config, job.run.workdir):
-                if self.budget is not None:
+                if self.budget is not None and job.fresh:
                     self.budget.observe(job.config, time.monotonic() - job.started)
                 self._keep(job.index, job.run, self.outcome.finished, "finished")
             else:
@@ -247,6 +249,11 @@ class _Scheduler:
 
 _LOG_HEADER = "# sweep.py, "  # Opens each attempt's part of a run's log.
 _PR_SET_PDEATHSIG = 1  # prctl(2)
+
+
+def _has_checkpoint(run: Run) -> bool:
+    checkpoints = Workdir(run.workdir).checkpoints
+    return os.path.isdir(checkpoints) and any(name.isdigit() for name in os.listdir(checkpoints))
 
 
 def _log_path(run: Run) -> str:

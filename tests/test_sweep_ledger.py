@@ -11,7 +11,7 @@ import textwrap
 
 import pytest
 from conftest import REPO_ROOT, entry_point_env
-from test_sweep import write_synthetic_sweep
+from test_sweep import _test_sentences, _write_finished_run, write_synthetic_sweep
 
 from common.workdir import Workdir
 from configs.sweeps import table3
@@ -267,6 +267,35 @@ def test_a_run_is_predicted_to_take_the_measured_time_times_its_flops_ratio():
     assert plan.allows(base)[0] and not plan.allows(wide)[0]
     plan.observe(base, 300.0)  # This sweep's own runs replace the ledger's rate.
     assert plan.predicted_seconds(base) == pytest.approx(300.0)
+
+
+class _FinishedAtOnce:
+    """Stands in for train.py's process: the run it was started for is finished when it is polled."""
+
+    def __init__(self, run: runner.Run, references: list[str]):
+        self.run, self.references = run, references
+
+    def poll(self) -> int:
+        if not os.path.exists(Workdir(self.run.workdir).scores("test")):
+            _write_finished_run(self.run.workdir, table3.get_config(self.run.variant), self.references, self.references)
+        return 0
+
+
+def test_only_runs_trained_from_their_first_step_measure_the_budget(tmp_path, monkeypatch):
+    """A resumed run's wall time is a part of a run's: taken as a whole one, it would predict runs too short."""
+    references = _test_sentences(10)
+    fresh, resumed = runner.plan_runs(str(tmp_path / "runs"), ["base", "heads_1"], 1)
+    os.makedirs(os.path.join(Workdir(resumed.workdir).checkpoints, "347"))
+    monkeypatch.setattr(train_processes, "_start", lambda sweep, run, *_: _FinishedAtOnce(run, references))
+    observed = []
+
+    class Recording(budget.Budget):
+        def observe(self, config, wall_seconds):
+            observed.append(config.model.num_heads)
+
+    sweep = runner.load_sweep(_TABLE3)
+    outcome = train_processes.run_all(sweep, [fresh, resumed], str(tmp_path / "runs"), budget=Recording(None))
+    assert outcome.finished == [fresh, resumed] and observed == [4]  # base's 4 heads; heads_1 was resumed.
 
 
 def test_counting_a_runs_flops_starts_no_jax_backend():
