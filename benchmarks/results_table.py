@@ -238,9 +238,11 @@ def _machine(record: dict) -> str:
     machine = record["machine"]
     if machine.get("accelerator"):
         return machine["accelerator"]
-    described = f"{machine['cores']}-core {machine['cpu_model']} (`{machine['cpu_kind']}`)"
+    cores = machine["cores"]  # A list where the runs of a ledger had several (sweeps/ledger.py).
+    described = f"{'/'.join(map(str, cores)) if isinstance(cores, list) else cores}-core {machine['cpu_model']}"
+    described += f" (`{machine['cpu_kind']}`)"
     load = record.get("load_average")
-    if load and load[0] > machine["cores"]:  # More runnable threads than cores when the run ended.
+    if load and isinstance(cores, int) and load[0] > cores:  # More runnable threads than cores when the run ended.
         described += f", shared: load {load[0]:.1f}"
     return described
 

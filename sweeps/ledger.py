@@ -284,10 +284,11 @@ def ledger_record_fields(ledger: Ledger, collected, collected_by: dict) -> dict:
         "machine": {
             "cpu_model": "; ".join(sorted({model for s in summaries for model in s["cpu_models"]})),
             "cpu_kind": "/".join(sorted(kinds)),
-            "cores": "/".join(str(n) for n in sorted({n for s in summaries for n in s["cores"]})),
+            "cores": cores[0] if len(cores := sorted({n for s in summaries for n in s["cores"]})) == 1 else cores,
             "runs_by_machine": dict(machines),
         },
         "software": {**(json.loads(software[0][0]) if software else {}), **records.software(("sacrebleu",))},
+        "load_average": None,  # The runs' machines', unknown; not the collecting machine's.
         "runs": {
             "in_ledger": len(summaries),
             "planned": len(summaries) + len(collected.unfinished),
