@@ -119,16 +119,17 @@ def _table3(figures: dict) -> str:
     planned = sum(v["runs_planned"] for v in variants.values())
     base = variants["base"]["test_bleu"]
     surviving = [
-        f"{name} ({v['test_bleu_significant_seeds_after_holm']} of {v['runs_finished']} seeds)"
+        f"{name} {v['test_bleu_diff']['mean']:+.2f} ({holm}/{v['runs_finished']})"
         for name, v in variants.items()
-        if v.get("test_bleu_significant_seeds_after_holm")
+        if (holm := v.get("test_bleu_significant_seeds_after_holm"))
     ]
     base_bleu = "–" if base is None else f"{base['mean']:.2f}"
     if base is not None and base["std"] is not None:
         base_bleu += f" ± {base['std']:.2f}"
     return (
         f"{finished} of {planned} runs{' (partial)' if finished < planned else ''}; base test BLEU {base_bleu}; "
-        f"BLEU differences to the base surviving Holm's correction: {', '.join(surviving) or 'none'}"
+        "Δ BLEU to the base surviving Holm's correction (seeds where it does / seeds run): "
+        + (", ".join(surviving) or "none")
     )
 
 
