@@ -119,7 +119,7 @@ def _table3(figures: dict) -> str:
     planned = sum(v["runs_planned"] for v in variants.values())
     base = variants["base"]["test_bleu"]
     surviving = [
-        f"{name} {v['test_bleu_diff']['mean']:+.2f} ({holm}/{v['runs_finished']})"
+        f"{name} {v['test_bleu_diff']['mean']:+.2f} ({holm}/{len(v['test_bleu_holm_p_values'])})"
         for name, v in variants.items()
         if (holm := v.get("test_bleu_significant_seeds_after_holm"))
     ]
@@ -128,7 +128,7 @@ def _table3(figures: dict) -> str:
         base_bleu += f" ± {base['std']:.2f}"
     return (
         f"{finished} of {planned} runs{' (partial)' if finished < planned else ''}; base test BLEU {base_bleu}; "
-        "Δ BLEU to the base surviving Holm's correction (seeds where it does / seeds run): "
+        "Δ BLEU to the base surviving Holm's correction (seeds where it does / seeds compared): "
         + (", ".join(surviving) or "none")
     )
 
