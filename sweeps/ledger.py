@@ -31,7 +31,7 @@ from collections.abc import Sequence
 from common import records
 from common.errors import UserInputError
 from common.workdir import Workdir
-from sweeps.runner import REPOSITORY, Run
+from sweeps.runner import REPOSITORY, Run, seeds_present
 from training.reporting import attempts as attempts_log
 from training.reporting import metric_log
 
@@ -139,14 +139,8 @@ class Ledger:
         ]
 
     def seeds_present(self, variants: Sequence[str]) -> int:
-        """1 + the highest seed of `variants` in the ledger (0 if none)."""
-        seeds = [
-            int(os.path.basename(path)[len("seed_") :])
-            for variant in variants
-            for path in glob.glob(os.path.join(self.path, glob.escape(variant), "seed_*"))
-            if os.path.basename(path)[len("seed_") :].isdigit()
-        ]
-        return max(seeds, default=-1) + 1
+        """1 + the highest seed of `variants` in the ledger (0 if none): its entries are laid out as a sweep's root."""
+        return seeds_present(self.path, variants)
 
     def wall_seconds_per_flop(self, cpu_kind: str) -> list[float]:
         """Each entry's wall seconds per training FLOP, of the runs trained on `cpu_kind` alone (sweeps/budget.py)."""
