@@ -11,8 +11,6 @@ Each line gives the most probable label and its probability; empty lines stay em
 sentences longer than config.dataset.max_length subwords are cut to it with a warning.
 """
 
-import os
-
 from absl import app, flags, logging
 from ml_collections import config_flags
 
@@ -27,7 +25,10 @@ _CHECKPOINT = flags.DEFINE_string(
 _INPUT = flags.DEFINE_string("input", None, "File of sentences, one per line (default: stdin).")
 _OUTPUT = flags.DEFINE_string("output", None, "File for the labels (default: stdout).")
 _ATTENTION_MAPS = flags.DEFINE_string(
-    "attention_maps", None, "Also draw the encoder's attention maps of each line into DIR/line_<n>/ (PNG)."
+    "attention_maps",
+    None,
+    "Also draw the encoder's attention maps of each line into DIR/line_<n>/ (PNG) and all lines on one "
+    "interactive page, DIR/index.html.",
 )
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "Config file the run was trained with (default: <workdir>/config.json).", lock_config=True
@@ -58,16 +59,24 @@ def classify(workdir: str) -> None:
     outputs = ["" if result is None else f"{names[result[0]]}\t{result[1]:.4f}" for result in results]
     text_io.write_output_lines(outputs, _OUTPUT.value)  # First: drawing maps may still fail (a full disk).
     if _ATTENTION_MAPS.value:
-        from training.reporting import attention_maps  # pylint: disable=g-import-not-at-top
+        # pylint: disable-next=g-import-not-at-top  (matplotlib and the page only when asked for)
+        from training.reporting import attention_maps, attention_page, attention_weights
 
-        for number, line in enumerate(lines, start=1):
-            if line.strip():
-                figures = attention_maps.classifier_attention_figures(
-                    trained.model, trained.params, trained.tokenizer, line.strip()
-                )
-                out_dir = os.path.join(_ATTENTION_MAPS.value, f"line_{number}")
-                paths = attention_maps.save_attention_maps(figures, out_dir)
-                logging.info("Line %d: %d attention maps in %s.", number, len(paths), out_dir)
+        sentences = [
+            attention_page.PageSentence(
+                f"line {number}",
+                line.strip(),
+                "",
+                "",
+                attention_weights.classifier_attention(trained.model, trained.params, trained.tokenizer, line.strip()),
+            )
+            for number, line in enumerate(lines, start=1)
+            if line.strip()
+        ]
+        if sentences:
+            title = f"Attention of {workdir}, {trained.selection.description}"
+            path = attention_maps.save_attention(sentences, _ATTENTION_MAPS.value, title)
+            logging.info("Every line's attention on one page: %s", path)
 
 
 def main(argv):

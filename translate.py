@@ -13,8 +13,6 @@ cut to it with a warning. Decoding is greedy unless --beam_size or --temperature
 say otherwise.
 """
 
-import os
-
 from absl import app, flags, logging
 from ml_collections import config_flags
 
@@ -39,7 +37,8 @@ _DTYPE = flags.DEFINE_enum(
 _ATTENTION_MAPS = flags.DEFINE_string(
     "attention_maps",
     None,
-    "Also draw attention maps of each line into DIR/line_<n>/ (PNG, every layer and head). A line "
+    "Also draw attention maps of each line into DIR/line_<n>/ (PNG, every layer and head) and all lines on "
+    "one interactive page, DIR/index.html. A line "
     "'source<TAB>target' draws them for that target (and translates the source); otherwise for the "
     "translation. Without this flag a tab is part of the sentence.",
 )
@@ -69,18 +68,24 @@ def _decoding_config(config):
     return config
 
 
-def _draw_attention_maps(trained, lines: list[str], translations: list[str], out_dir: str) -> None:
-    from training.reporting import attention_maps  # pylint: disable=g-import-not-at-top
+def _draw_attention_maps(trained, lines: list[str], translations: list[str], out_dir: str, title: str) -> None:
+    # pylint: disable-next=g-import-not-at-top  (matplotlib and the page only when asked for)
+    from training.reporting import attention_maps, attention_page, attention_weights
 
+    sentences = []
     for number, (line, translation) in enumerate(zip(lines, translations), start=1):
-        source, _, target = line.partition("\t")
-        if not source.strip():
+        source, _, given = (side.strip() for side in line.partition("\t"))
+        if not source:
             continue
-        figures = attention_maps.sentence_attention_figures(
-            trained.model, trained.params, trained.tokenizer, source.strip(), target.strip() or translation
+        target = given or translation
+        attention = attention_weights.sentence_attention(
+            trained.model, trained.params, trained.tokenizer, source, target
         )
-        paths = attention_maps.save_attention_maps(figures, os.path.join(out_dir, f"line_{number}"))
-        logging.info("Line %d: %d attention maps in %s.", number, len(paths), os.path.dirname(paths[0]))
+        origin = "given" if given else "translation"
+        sentences.append(attention_page.PageSentence(f"line {number}", source, target, origin, attention))
+    if sentences:
+        path = attention_maps.save_attention(sentences, out_dir, title)
+        logging.info("Every line's attention on one page: %s", path)
 
 
 def translate(workdir: str) -> None:
@@ -104,7 +109,8 @@ def translate(workdir: str) -> None:
     translations = inference.translate_lines(setup, trained.params, sources, config.dataset.max_length)
     text_io.write_output_lines(translations, _OUTPUT.value)  # First: drawing maps may still fail (a full disk).
     if _ATTENTION_MAPS.value:
-        _draw_attention_maps(trained, lines, translations, _ATTENTION_MAPS.value)
+        title = f"Attention of {workdir}, {trained.selection.description}"
+        _draw_attention_maps(trained, lines, translations, _ATTENTION_MAPS.value, title)
 
 
 def main(argv):

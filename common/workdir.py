@@ -26,6 +26,7 @@ from absl import logging
 
 from common.errors import UserInputError
 
+ATTENTION_PAGE_FILE = "attention.html"
 SCORES_FILE = "scores.json"  # In each evaluation folder: what evaluating the split scored.
 
 
@@ -108,6 +109,10 @@ class Workdir:
     def scores(self, split: str) -> str:
         """The scores of the latest evaluation of `split`."""
         return os.path.join(self.evaluation(split), SCORES_FILE)
+
+    def attention_page(self, split: str) -> str:
+        """The interactive attention page of the latest evaluation of `split` (its first sentence)."""
+        return os.path.join(self.evaluation(split), ATTENTION_PAGE_FILE)
 
 
 def _missing_folders(path: str) -> list[str]:

@@ -1,6 +1,7 @@
 """Shared fixtures: a small slice of the bundled corpus and the tiny config."""
 
 import contextlib
+import functools
 import gzip
 import os
 import struct
@@ -9,12 +10,15 @@ import sys
 import types
 from collections.abc import Iterator
 
+import flax.linen as nn
 import jax
+import numpy as np
 import pytest
 from tensorboardX.proto import event_pb2
 from without_tensorflow import finders_without_tensorflow
 
 from common.compile_events import BACKEND_COMPILE_EVENT, compile_events
+from input_pipeline.tokenizer import train_tokenizer
 from models import TransformerConfig
 
 # XLA_FLAGS for tests that compile many small programs in subprocesses (8-device layouts, one
@@ -43,6 +47,24 @@ TINY_MODEL = TransformerConfig(
     tie_embeddings=True,
     dtype='float32',
 )
+
+
+def bundled_tokenizer(path: str, vocab_size: int, lines_per_language: int = 300):
+    """A SentencePiece model trained on the first lines of the bundled corpus's training split, both languages."""
+    sentences = []
+    for lang in ("en", "de"):
+        with gzip.open(os.path.join(BUNDLED_CORPUS, f"train.{lang}.gz"), "rt", encoding="utf-8") as f:
+            sentences += [next(f) for _ in range(lines_per_language)]
+    return train_tokenizer(sentences, path, vocab_size=vocab_size)
+
+
+def random_params(model, *ids, seed: int = 0, scale: float = 0.1):
+    """Numpy parameters of `model`'s shapes for inputs `ids`, normal with `scale` (Flax's eager `init` would
+    cost seconds of compiles)."""
+    init = functools.partial(model.init, deterministic=True)
+    shapes = nn.unbox(jax.eval_shape(init, jax.random.key(seed), *ids)["params"])
+    rng = np.random.default_rng(seed)
+    return jax.tree.map(lambda s: rng.normal(scale=scale, size=s.shape).astype(s.dtype), shapes)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -1,23 +1,19 @@
 """Tests for training/reporting/attention_maps.py: collecting attention weights, drawing them, writing them out."""
 
 import dataclasses
-import functools
-import gzip
 import os
 
-import flax.linen as nn
 import jax
 import matplotlib.image
 import numpy as np
 import pytest
-from conftest import BUNDLED_CORPUS, TINY_MODEL, read_events
+from conftest import TINY_MODEL, bundled_tokenizer, random_params, read_events
 from matplotlib.figure import Figure
 
 from common.errors import UserInputError
 from common.special_ids import EOS_ID, PAD_ID
-from input_pipeline.tokenizer import train_tokenizer
 from models import Transformer
-from training.reporting import attention_maps
+from training.reporting import attention_maps, attention_weights
 from training.reporting.metrics_writer import MetricWriter
 
 # Different layer counts (and sentence lengths), so that a swapped stack or axis changes a shape.
@@ -35,12 +31,7 @@ PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 @pytest.fixture(scope="module")
 def tokenizer(tmp_path_factory):
-    sentences = []
-    for lang in ("en", "de"):
-        with gzip.open(os.path.join(BUNDLED_CORPUS, f"train.{lang}.gz"), "rt", encoding="utf-8") as f:
-            sentences += [next(f) for _ in range(300)]
-    path = str(tmp_path_factory.mktemp("tokenizer") / "tokenizer.model")
-    return train_tokenizer(sentences, path, vocab_size=CONFIG.vocab_size)
+    return bundled_tokenizer(str(tmp_path_factory.mktemp("tokenizer") / "tokenizer.model"), CONFIG.vocab_size)
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +39,7 @@ def pair(tokenizer):
     """Source and target ids (ending with eos) and their pieces."""
     source, target = (np.array(tokenizer.encode(text) + [EOS_ID], np.int32) for text in (SOURCE_TEXT, TARGET_TEXT))
     assert len(source) != len(target)
-    source_pieces, target_pieces = (attention_maps.token_pieces(tokenizer, ids) for ids in (source, target))
+    source_pieces, target_pieces = (attention_weights.token_pieces(tokenizer, ids) for ids in (source, target))
     return source, target, source_pieces, target_pieces
 
 
@@ -57,22 +48,24 @@ def model_and_params(pair):
     """The model and random numpy parameters of its shapes (Flax's eager `init` would cost seconds of compiles)."""
     source, target, *_ = pair
     model = Transformer(CONFIG)
-    init = functools.partial(model.init, deterministic=True)
-    shapes = nn.unbox(jax.eval_shape(init, jax.random.key(0), source[None], target[None])["params"])
-    rng = np.random.default_rng(0)
-    return model, jax.tree.map(lambda s: rng.normal(scale=0.1, size=s.shape).astype(s.dtype), shapes)
+    return model, random_params(model, source[None], target[None])
 
 
 @pytest.fixture(scope="module")
 def weights(model_and_params, pair):
     source, target, *_ = pair
-    return attention_maps.attention_weights(*model_and_params, source, target)
+    return attention_weights.attention_weights(*model_and_params, source, target)
 
 
 @pytest.fixture(scope="module")
-def figures(weights, pair):
+def attention(weights, pair):
     *_, source_pieces, target_pieces = pair
-    return attention_maps.attention_figures(weights, source_pieces, target_pieces)
+    return attention_weights.SentenceAttention(weights, source_pieces, target_pieces)
+
+
+@pytest.fixture(scope="module")
+def figures(attention):
+    return attention_maps.attention_figures(attention)
 
 
 # --- Collecting the weights ---------------------------------------------------------------------------
@@ -108,7 +101,7 @@ def test_heads_are_kept_apart(weights):
 
 def test_padding_is_dropped_and_does_not_change_the_weights(model_and_params, pair, weights):
     source, target, *_ = pair
-    padded = attention_maps.attention_weights(
+    padded = attention_weights.attention_weights(
         *model_and_params, np.pad(source, (0, 5), constant_values=PAD_ID), np.pad(target, (0, 3))
     )
     assert padded.keys() == weights.keys()
@@ -118,7 +111,7 @@ def test_padding_is_dropped_and_does_not_change_the_weights(model_and_params, pa
 
 def test_the_pass_is_deterministic_despite_dropout_in_the_config(model_and_params, pair, weights):
     assert CONFIG.dropout_rate > 0 and CONFIG.attention_dropout_rate > 0
-    again = attention_maps.attention_weights(*model_and_params, *pair[:2])
+    again = attention_weights.attention_weights(*model_and_params, *pair[:2])
     for name in weights:
         np.testing.assert_array_equal(again[name], weights[name])
 
@@ -128,7 +121,7 @@ def test_each_name_holds_its_own_layer(model_and_params, pair, weights):
     model, params = model_and_params
     query = ("decoder", "layers_1", "cross_attention", "query", "kernel")
     changed = jax.tree_util.tree_map_with_path(lambda path, p: -p if tuple(k.key for k in path) == query else p, params)
-    after = attention_maps.attention_weights(model, changed, *pair[:2])
+    after = attention_weights.attention_weights(model, changed, *pair[:2])
     for name in NAMES[:-1]:
         np.testing.assert_array_equal(after[name], weights[name], err_msg=name)
     assert not np.allclose(after[NAMES[-1]], weights[NAMES[-1]])
@@ -137,12 +130,12 @@ def test_each_name_holds_its_own_layer(model_and_params, pair, weights):
 def test_a_sentence_longer_than_the_model_allows_is_a_user_error(model_and_params, pair):
     too_long = np.full(CONFIG.max_len + 1, 5, np.int32)
     with pytest.raises(UserInputError, match=rf"source sentence has {CONFIG.max_len + 1} subword tokens"):
-        attention_maps.attention_weights(*model_and_params, too_long, pair[1])
+        attention_weights.attention_weights(*model_and_params, too_long, pair[1])
 
 
 def test_token_pieces_are_the_subwords_without_padding(tokenizer, pair):
     source, *_ = pair
-    pieces = attention_maps.token_pieces(tokenizer, np.pad(source, (0, 4), constant_values=PAD_ID))
+    pieces = attention_weights.token_pieces(tokenizer, np.pad(source, (0, 4), constant_values=PAD_ID))
     assert pieces == [*tokenizer.encode(SOURCE_TEXT, out_type=str), "</s>"]
 
 
@@ -217,7 +210,9 @@ def test_labels_stay_readable_for_short_and_long_sentences():
 def test_pieces_must_match_the_weights(weights, pair):
     *_, source_pieces, target_pieces = pair
     with pytest.raises(ValueError, match=rf"but there are {len(source_pieces) - 1} query and"):
-        attention_maps.attention_figures(weights, source_pieces[:-1], target_pieces)
+        attention_maps.attention_figures(
+            attention_weights.SentenceAttention(weights, source_pieces[:-1], target_pieces)
+        )
 
 
 # --- Writing ------------------------------------------------------------------------------------------

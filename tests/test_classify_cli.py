@@ -9,6 +9,8 @@ import pytest
 from conftest import REPO_ROOT, WITHOUT_TENSORFLOW, run_entry_point
 from test_bad_input import assert_clean_failure, snapshot
 
+from training.reporting import attention_page
+
 pytestmark = pytest.mark.slow
 
 TOPICS = os.path.join(REPO_ROOT, "data", "libreoffice_help_topics")
@@ -68,6 +70,8 @@ def test_training_evaluates_the_test_split(trained_workdir, topics_slice):
         assert f.read(8) == b"\x89PNG\r\n\x1a\n"
     assert os.path.isdir(os.path.join(trained_workdir, "best_checkpoint"))
     assert os.listdir(os.path.join(trained_workdir, "tensorboard", "eval_test"))  # The attention maps.
+    (page,) = attention_page.read_attention_page(os.path.join(out, "attention.html"))  # The first sentence's.
+    assert page["source"] == test_rows[0][1].strip() and page["pieces"]["source"][-1] == "</s>"
 
 
 def test_evaluating_the_best_checkpoint_on_valid(trained_workdir, topics_slice):
@@ -105,8 +109,12 @@ def test_classify_keeps_one_line_per_input_line(trained_workdir, tmp_path):
         label, probability = output.split("\t")
         assert label in names and 1 / len(names) <= float(probability) <= 1
     assert "Line 5 is longer than 32 subwords" in result.stderr
-    assert sorted(os.listdir(tmp_path / "maps")) == ["line_1", "line_3", "line_5"]
+    assert sorted(os.listdir(tmp_path / "maps")) == ["index.html", "line_1", "line_3", "line_5"]
     assert os.listdir(tmp_path / "maps" / "line_1") == ["encoder_layer0_self_attention.png"]
+    page = attention_page.read_attention_page(str(tmp_path / "maps" / "index.html"))
+    assert [(s["name"], s["source"]) for s in page] == [(f"line {n}", lines[n - 1].strip()) for n in (1, 3, 5)]
+    assert [list(s["weights"]) for s in page] == [["encoder/layer_0/self_attention"]] * 3
+    assert "target" not in page[0]["pieces"]  # The classifier has no decoder.
 
     source = tmp_path / "in.txt"
     source.write_text("\n".join(lines) + "\n", encoding="utf-8")

@@ -36,7 +36,7 @@ from models.decoding_checks import decoding_memory_bytes
 from models.positions import RelativeTerms, relative_distances, rotate
 from models.search import argmax_token
 from training.config_checks import validate_config
-from training.reporting import attention_maps
+from training.reporting import attention_weights
 
 BOS, EOS, PAD = 2, 3, 0
 # The model variants under test: relative with a small clip (so that clipping happens in
@@ -361,7 +361,7 @@ def test_attention_maps_of_the_new_kinds(variant):
     config = _config(variant, num_decoder_layers=1, num_encoder_layers=1)
     model, params = _init(config)
     source, target = np.array([5, 6, 7, 8, 9, EOS]), np.array([10, 11, 12, EOS])
-    weights = attention_maps.attention_weights(model, params, source, target)
+    weights = attention_weights.attention_weights(model, params, source, target)
     assert list(weights) == [
         'encoder/layer_0/self_attention',
         'decoder/layer_0/self_attention',

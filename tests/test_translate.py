@@ -12,6 +12,7 @@ from conftest import REPO_ROOT, WITHOUT_TENSORFLOW, compiled_programs, run_entry
 from common.special_ids import EOS_ID
 from input_pipeline.batching import RaggedIds
 from training import inference
+from training.reporting import attention_maps, attention_page
 from training.tasks import translation_eval
 
 pytestmark = pytest.mark.slow
@@ -142,12 +143,39 @@ def test_translate_draws_attention_maps_for_given_or_translated_targets(trained_
     result = run_entry_point("translate.py", f"--workdir={trained_workdir}", f"--attention_maps={maps}", stdin=lines)
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.count("\n") == 3
-    assert sorted(os.listdir(maps)) == ["line_1", "line_3"]  # Nothing for the empty line.
+    assert sorted(os.listdir(maps)) == ["index.html", "line_1", "line_3"]  # Nothing for the empty line.
     expected = ["decoder_layer0_cross_attention.png", "decoder_layer0_self_attention.png"]
     expected.append("encoder_layer0_self_attention.png")
     for line in ("line_1", "line_3"):
         assert sorted(os.listdir(maps / line)) == expected
         assert (maps / line / expected[0]).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # And both lines on one page, the given target and the translation.
+    page = attention_page.read_attention_page(str(maps / "index.html"))
+    assert [(s["name"], s["source"], s["target_origin"]) for s in page] == [
+        ("line 1", "Click OK.", "given"),
+        ("line 3", "Select a cell.", "translation"),
+    ]
+    assert page[0]["target"] == "Klicken Sie auf OK." and page[1]["target"] == result.stdout.split("\n")[2]
+    assert sorted(attention_maps.figure_file_name(name) for name in page[0]["weights"]) == expected
+
+
+def test_training_evaluation_writes_the_attention_page_of_the_first_test_sentence(trained_workdir, small_corpus):
+    (sentence,) = attention_page.read_attention_page(os.path.join(trained_workdir, "eval", "test", "attention.html"))
+    with open(os.path.join(trained_workdir, "eval", "test", "hypotheses.txt"), encoding="utf-8") as f:
+        first_translation = f.readline().rstrip("\n")
+    with open(os.path.join(small_corpus, "test.en"), encoding="utf-8") as f:
+        first_source = f.readline().strip()
+    assert (sentence["name"], sentence["source"], sentence["target"]) == (
+        "test sentence 1",
+        first_source,
+        first_translation,
+    )
+    assert sentence["target_origin"] == "translation"
+    assert list(sentence["weights"]) == [
+        "encoder/layer_0/self_attention",
+        "decoder/layer_0/self_attention",
+        "decoder/layer_0/cross_attention",
+    ]
 
 
 def test_output_is_utf8_whatever_the_locale():

@@ -1,9 +1,8 @@
-"""Attention maps: every head's attention weights for one sentence pair, drawn as labelled heat maps.
+"""Attention maps as labelled heat maps: one figure per (stack, layer, kind of attention), one panel per head.
 
-`attention_weights` (attention_weights.py) runs the teacher-forced model (or the encoder classifier) once and
-collects the weights that `MultiHeadAttention` sows; `attention_figures` draws one figure per (stack, layer, kind of
-attention) with one heat map per head; `save_attention_maps` writes those figures as PNG files
-and `write_attention_summaries` sends the same figures to TensorBoard.
+`attention_figures` draws a `SentenceAttention` (attention_weights.py); `save_attention_maps` writes
+the figures as PNG files and `write_attention_summaries` sends them to TensorBoard. The same weights
+also make an interactive page (attention_page.py).
 
 Figures are plain `matplotlib.figure.Figure` objects on an Agg canvas, never registered with
 pyplot: nothing needs a display, no global backend is switched, and a figure is freed as soon
@@ -17,19 +16,15 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
-import sentencepiece as spm
+from absl import logging
 
-from input_pipeline.tokenizer import encode_sources
-from models import Transformer
-from training.reporting.attention_weights import attention_weights
+from training.reporting.attention_page import PAGE_FILE, PageSentence, write_attention_page
+from training.reporting.attention_weights import SentenceAttention
 from training.reporting.metrics_writer import MetricWriter
 
 if TYPE_CHECKING:  # matplotlib is imported only when a map is drawn (half a second of every translate.py start).
     from matplotlib.backends.backend_agg import RendererAgg
     from matplotlib.figure import Figure
-
-# SentencePiece's piece for bos_id: the first decoder input, and the classifier's [CLS] token.
-BOS_PIECE = "<s>"
 
 # Up to this many tokens on an axis, heat map cells and tick labels keep their full size
 # (_CELL_INCHES, _FONT_POINTS). Longer sentences still render completely, but the panel is
@@ -55,32 +50,9 @@ _AXIS_LABELS = {
 }
 
 
-def token_pieces(tokenizer: spm.SentencePieceProcessor, ids) -> list[str]:
-    """The subword pieces of `ids` [length] without padding, e.g. ['▁Click', 'ing', '</s>']."""
-    return [tokenizer.id_to_piece(int(i)) for i in np.asarray(ids) if int(i) != tokenizer.pad_id()]
-
-
 # --------------------------------------------------------------------------- #
 # Drawing.
 # --------------------------------------------------------------------------- #
-
-
-def _axis_pieces(
-    name: str, source_pieces: Sequence[str], target_pieces: Sequence[str]
-) -> tuple[Sequence[str], Sequence[str]]:
-    """(query pieces, key pieces) labelling the rows and columns of the map `name`.
-
-    Decoder rows are labelled with the token each position predicts (target_pieces), not with
-    the token it reads: a cross-attention map then reads as an alignment ("to produce 'Haus'
-    the decoder looked at '▁house'"), and a self-attention row shows which earlier inputs fed
-    that prediction. Decoder self-attention keys are the decoder inputs, bos then the
-    targets but the last, so its diagonal pairs each prediction with the token before it.
-    """
-    stack, _, kind = name.split("/")
-    if stack == "encoder":
-        return source_pieces, source_pieces
-    decoder_inputs = [BOS_PIECE, *target_pieces[:-1]]
-    return target_pieces, decoder_inputs if kind == "self_attention" else source_pieces
 
 
 def _title(name: str) -> str:
@@ -259,21 +231,9 @@ def attention_figure(
     return figure
 
 
-def attention_figures(
-    weights: Mapping[str, np.ndarray], source_pieces: Sequence[str], target_pieces: Sequence[str]
-) -> dict[str, "Figure"]:
-    """A figure per entry of `weights` (from `attention_weights`), under the same names.
-
-    Args:
-        weights: name -> [heads, q_len, kv_len], as returned by `attention_weights`.
-        source_pieces: [src_len] pieces of the source ids, ending with '</s>' (`token_pieces`).
-        target_pieces: [tgt_len] pieces of the target ids, ending with '</s>'. Decoder rows
-            are labelled with the token they predict; see `_axis_pieces`.
-    """
-    return {
-        name: attention_figure(w, *_axis_pieces(name, source_pieces, target_pieces), name)
-        for name, w in weights.items()
-    }
+def attention_figures(attention: SentenceAttention) -> dict[str, "Figure"]:
+    """A figure per map of `attention`, under the same names, its rows and columns labelled with the pieces."""
+    return {name: attention_figure(w, *attention.axis_pieces(name), name) for name, w in attention.weights.items()}
 
 
 def figure_file_name(name: str) -> str:
@@ -292,44 +252,21 @@ def save_attention_maps(figures: Mapping[str, "Figure"], out_dir: str) -> list[s
     return paths
 
 
+def save_attention(sentences: Sequence[PageSentence], out_dir: str, title: str) -> str:
+    """Each sentence's maps as PNGs in `out_dir/<its name, '_' for ' '>/`, and all of them on one page,
+    `out_dir/index.html` (attention_page.py); returns the page's path."""
+    for sentence in sentences:
+        folder = os.path.join(out_dir, sentence.name.replace(" ", "_"))
+        paths = save_attention_maps(attention_figures(sentence.attention), folder)
+        logging.info("%s: %d attention maps in %s.", sentence.name.capitalize(), len(paths), os.path.dirname(paths[0]))
+    return write_attention_page(sentences, os.path.join(out_dir, PAGE_FILE), title)
+
+
 def write_attention_summaries(writer: MetricWriter, step: int, figures: Mapping[str, "Figure"]) -> None:
     """Adds each figure of `attention_figures` to TensorBoard as an image tagged 'attention/<name>'."""
     writer.write_figures(step, {f"attention/{name}": figure for name, figure in figures.items()})
 
 
-def sentence_attention_figures(
-    model: Transformer, params, tokenizer: spm.SentencePieceProcessor, source: str, target: str
-) -> dict:
-    """Attention-map figures ({name: matplotlib Figure}) of one sentence pair, for every layer and head.
-
-    Both sides are cut to the model's max_len subwords (with <eos>).
-    """
-
-    source_ids, target_ids = (
-        encode_sources(tokenizer, [text], model.config.max_len)[0][0] for text in (source, target)
-    )
-    weights = attention_weights(model, params, source_ids, target_ids)
-    return attention_figures(weights, token_pieces(tokenizer, source_ids), token_pieces(tokenizer, target_ids))
-
-
-def classifier_attention_figures(model, params, tokenizer: spm.SentencePieceProcessor, sentence: str) -> dict:
-    """Attention-map figures of the encoder Classifier for one sentence, every layer and head.
-
-    The sentence is cut to the subwords the model can encode (with <eos>); with 'cls'
-    pooling the first row and column are the [CLS] token (labelled '<s>').
-    """
-
-    cls_token = model.config.pooling == "cls"
-    ids = encode_sources(tokenizer, [sentence], model.config.encoder.max_len - int(cls_token))[0][0]
-    weights = attention_weights(model, params, ids)
-    pieces = token_pieces(tokenizer, ids)
-    return attention_figures(weights, [BOS_PIECE] * cls_token + pieces, [])
-
-
-def write_attention_summary(
-    writer, step: int, model: Transformer, params, tokenizer: spm.SentencePieceProcessor, source: str, translation: str
-) -> None:
-    """Puts the attention maps of (source, its translation) into TensorBoard."""
-
-    figures = sentence_attention_figures(model, params, tokenizer, source, translation)
-    write_attention_summaries(writer, step, figures)
+def write_attention_summary(writer, step: int, attention: SentenceAttention) -> None:
+    """Puts the attention maps of one sentence (pair) into TensorBoard."""
+    write_attention_summaries(writer, step, attention_figures(attention))

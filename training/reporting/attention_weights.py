@@ -1,14 +1,25 @@
-"""Every attention head's weights for one sentence (pair), collected from what `MultiHeadAttention` sows."""
+"""Every attention head's weights for one sentence (pair), collected from what `MultiHeadAttention` sows.
 
+`attention_weights` runs the model once and returns the weights by name; `sentence_attention` does so for
+a text pair and keeps the subword pieces that label each map's queries and keys. The PNG figures
+(attention_maps.py) and the interactive page (attention_page.py) both draw a `SentenceAttention`.
+"""
+
+import dataclasses
 import functools
 
 import jax
 import numpy as np
+import sentencepiece as spm
 from jax.experimental import multihost_utils
 
 from common.errors import UserInputError
+from input_pipeline.tokenizer import encode_sources
 from models import Transformer
 from models.classifier import Classifier
+
+# SentencePiece's piece for bos_id: the first decoder input, and the classifier's [CLS] token.
+BOS_PIECE = "<s>"
 
 
 @functools.partial(jax.jit, static_argnums=0)
@@ -79,3 +90,77 @@ def attention_weights(model: Transformer | Classifier, params, source_ids, targe
         for kind in ("self_attention", "cross_attention"):
             weights[f"decoder/layer_{i}/{kind}"] = weights_of("decoder", i, kind)
     return weights
+
+
+def token_pieces(tokenizer: spm.SentencePieceProcessor, ids) -> list[str]:
+    """The subword pieces of `ids` [length] without padding, e.g. ['▁Click', 'ing', '</s>']."""
+    return [tokenizer.id_to_piece(int(i)) for i in np.asarray(ids) if int(i) != tokenizer.pad_id()]
+
+
+def map_axes(name: str) -> tuple[str, str]:
+    """The sequences ('source', 'target' or 'decoder_input') that label the rows and columns of the map `name`.
+
+    Decoder rows are the positions predicting each target token, so they carry the target pieces,
+    not the pieces they read: a cross-attention map then reads as an alignment ("to produce 'Haus'
+    the decoder looked at '▁house'"). Decoder self-attention keys are the decoder inputs, bos then
+    the targets but the last, so its diagonal pairs each prediction with the token before it.
+    """
+    stack, _, kind = name.split("/")
+    if stack == "encoder":
+        return "source", "source"
+    return "target", "decoder_input" if kind == "self_attention" else "source"
+
+
+@dataclasses.dataclass(frozen=True)
+class SentenceAttention:
+    """One sentence (pair)'s attention weights and the subword pieces labelling them.
+
+    Attributes:
+        weights: name -> [heads, q_len, kv_len] float32, as `attention_weights` returns them.
+        source_pieces: [src_len] pieces of the source, ending with '</s>' (with the classifier's
+            'cls' pooling, '<s>' first: its [CLS] token).
+        target_pieces: [tgt_len] pieces of the target, ending with '</s>'; empty for the classifier.
+    """
+
+    weights: dict[str, np.ndarray]
+    source_pieces: list[str]
+    target_pieces: list[str]
+
+    def pieces(self, sequence: str) -> list[str]:
+        """The pieces of 'source', 'target' or 'decoder_input' (bos, then the target pieces but the last)."""
+        if sequence == "decoder_input":
+            return [BOS_PIECE, *self.target_pieces[:-1]]
+        return {"source": self.source_pieces, "target": self.target_pieces}[sequence]
+
+    def axis_pieces(self, name: str) -> tuple[list[str], list[str]]:
+        """(query pieces, key pieces): the labels of the rows and columns of the map `name`."""
+        queries, keys = map_axes(name)
+        return self.pieces(queries), self.pieces(keys)
+
+
+def sentence_attention(
+    model: Transformer, params, tokenizer: spm.SentencePieceProcessor, source: str, target: str
+) -> SentenceAttention:
+    """Every layer's and head's attention for the text pair (source, target), teacher-forced.
+
+    Both sides are cut to the model's max_len subwords (with <eos>).
+    """
+    source_ids, target_ids = (
+        encode_sources(tokenizer, [text], model.config.max_len)[0][0] for text in (source, target)
+    )
+    weights = attention_weights(model, params, source_ids, target_ids)
+    return SentenceAttention(weights, token_pieces(tokenizer, source_ids), token_pieces(tokenizer, target_ids))
+
+
+def classifier_attention(
+    model: Classifier, params, tokenizer: spm.SentencePieceProcessor, text: str
+) -> SentenceAttention:
+    """Every layer's and head's attention of the encoder Classifier for one text.
+
+    The text is cut to the subwords the model can encode (with <eos>); with 'cls' pooling the
+    first row and column are the [CLS] token (labelled '<s>').
+    """
+    cls_token = model.config.pooling == "cls"
+    ids = encode_sources(tokenizer, [text], model.config.encoder.max_len - int(cls_token))[0][0]
+    weights = attention_weights(model, params, ids)
+    return SentenceAttention(weights, [BOS_PIECE] * cls_token + token_pieces(tokenizer, ids), [])

@@ -29,6 +29,8 @@ from models.build import make_model
 from models.classifier import Classifier
 from training.losses import weighted_metrics
 from training.reporting import attention_maps
+from training.reporting.attention_page import PageSentence, write_attention_page
+from training.reporting.attention_weights import classifier_attention
 from training.reporting.metrics_writer import MetricWriter
 from training.reporting.scores import write_scores
 from training.runtime.sharding import process_rows, shard_batch
@@ -160,10 +162,10 @@ class ClassificationEvaluator:
         )
         # The encoder's attention maps of the split's first sentence, as for translation: every process
         # runs the model on the global parameters, process 0 writes.
-        figures = (
-            attention_maps.classifier_attention_figures(self.model, params, self.corpus.tokenizer, text.texts[0])
+        attention = (
+            classifier_attention(self.model, params, self.corpus.tokenizer, text.texts[0])
             if self.config.eval.attention_maps and len(text)
-            else {}
+            else None
         )
         if not processes.is_main_process():
             return scores
@@ -180,10 +182,13 @@ class ClassificationEvaluator:
         figure = classification_metrics.confusion_matrix_figure(confusion, list(labels.names), title)
         figure.savefig(os.path.join(out_dir, CONFUSION_MATRIX_FILE))
         write_scores(scores, out_dir)
-        if figures:
+        if attention is not None:
             writer = MetricWriter(workdir, f"eval_{split}")
-            attention_maps.write_attention_summaries(writer, step, figures)
+            attention_maps.write_attention_summary(writer, step, attention)
             writer.close()
+            sentence = PageSentence(f"{split} sentence 1", text.texts[0], "", "", attention)
+            title = f"Attention, {split}: {checkpoint}"
+            write_attention_page([sentence], Workdir(workdir).attention_page(split), title)
         return scores
 
 

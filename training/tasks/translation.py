@@ -14,6 +14,7 @@ import ml_collections
 import numpy as np
 from absl import logging
 
+from common import processes
 from common.workdir import Workdir
 from input_pipeline import batching, streaming
 from input_pipeline.corpus import Corpus, load_corpus
@@ -21,6 +22,8 @@ from input_pipeline.text_lines import TextPairs
 from models.build import make_model
 from training import step_options
 from training.reporting.attention_maps import write_attention_summary
+from training.reporting.attention_page import PageSentence, write_attention_page
+from training.reporting.attention_weights import sentence_attention
 from training.reporting.metrics_writer import MetricWriter
 from training.runtime import sharding
 from training.steps import LossFn, translation_loss
@@ -116,8 +119,8 @@ class TranslationEvaluator:
 
 
 def evaluate_split(config, setup, model, params, step: int, description: str, corpus: Corpus, workdir: str) -> dict:
-    """Evaluates config.eval.split into <workdir>/eval/<split>/, with attention maps in TensorBoard
-    (config.eval.attention_maps)."""
+    """Evaluates config.eval.split into <workdir>/eval/<split>/; the attention of its first sentence and
+    translation (config.eval.attention_maps) goes to TensorBoard and to <workdir>/eval/<split>/attention.html."""
     split = config.eval.split
     scores, hypotheses = translation_eval.evaluate_split(
         setup,
@@ -131,11 +134,15 @@ def evaluate_split(config, setup, model, params, step: int, description: str, co
     )
     _log_scores(scores)
     if config.eval.attention_maps and len(corpus.text[split]):  # The split's first sentence and its translation.
+        source = corpus.text[split].sources[0]
+        attention = sentence_attention(model, params, setup.tokenizer, source, hypotheses[0])  # On every process.
         writer = MetricWriter(workdir, f"eval_{split}")
-        write_attention_summary(
-            writer, step, model, params, setup.tokenizer, corpus.text[split].sources[0], hypotheses[0]
-        )
+        write_attention_summary(writer, step, attention)
         writer.close()
+        if processes.is_main_process():
+            sentence = PageSentence(f"{split} sentence 1", source, hypotheses[0], "translation", attention)
+            title = f"Attention, {split}: {description}"
+            write_attention_page([sentence], Workdir(workdir).attention_page(split), title)
     return scores
 
 
