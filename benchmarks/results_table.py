@@ -229,6 +229,13 @@ MEASURED_PATHS = {
         "benchmarks/export_agreement.py",
         "benchmarks/ctranslate2_engine.py",
     ),
+    "benchmarks.attention_page": (
+        "translate.py",
+        "training/reporting/attention_weights.py",
+        "training/reporting/attention_page.py",
+        "training/reporting/attention_page.html",
+        "benchmarks/attention_page.py",
+    ),
     "sweep": (*_TRAINING, "sweep.py", "sweeps/"),
     "benchmarks.sweep_jobs": (*_TRAINING, "sweep.py", "sweeps/", "benchmarks/sweep_jobs.py"),
 }
