@@ -1,7 +1,7 @@
 r"""The attention page of a trained model: its size, and a screenshot of it in headless Chromium.
 
-  python -m benchmarks.attention_page --workdir=runs/quickstart \
-      --output=docs/results/attention_page_cpu-amx --screenshot=docs/attention_page.png
+  python -m benchmarks.attention_page --workdir=runs/quickstart --output=docs/results/attention_page_cpu-amx \
+      --screenshot=docs/attention_page.png --page=docs/attention_page.html
 
 Runs what a user runs, `translate.py --attention_maps=DIR`, on the first three sentences of the run's
 test split, and records the page's bytes. Then what a long sentence costs: the test pair nearest
@@ -14,6 +14,7 @@ tests/test_attention_page.py.
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -30,6 +31,7 @@ records.define_software_note_flag()
 _WORKDIR = flags.DEFINE_string("workdir", None, "A trained translation run (the quick-start's).")
 _OUTPUT = flags.DEFINE_string("output", None, "Record path without suffix, e.g. docs/results/attention_page_cpu-amx.")
 _SCREENSHOT = flags.DEFINE_string("screenshot", None, "Where to save the page's screenshot (PNG).")
+_PAGE = flags.DEFINE_string("page", None, "Where to keep a copy of the page of the first sentences.")
 _SENTENCES = flags.DEFINE_integer("sentences", 3, "The first N test sentences on the page.")
 _PIECES = 64  # The issue's yardstick: what a sentence of 64 pieces a side costs.
 flags.mark_flags_as_required(["workdir", "output"])
@@ -125,6 +127,8 @@ def main(argv):
     with tempfile.TemporaryDirectory() as folder:
         page = _translate_with_maps(workdir, sources[: _SENTENCES.value], os.path.join(folder, "three"))
         embedded = attention_page.read_attention_page(page)
+        if _PAGE.value:
+            shutil.copyfile(page, _PAGE.value)
         figures = {
             "sentences": len(embedded),
             "page_bytes": os.path.getsize(page),
