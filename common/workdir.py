@@ -26,7 +26,7 @@ from absl import logging
 
 from common.errors import UserInputError
 
-ATTENTION_PAGE_FILE = "attention.html"
+ATTENTION_PAGE_FILE = "attention.html"  # In each evaluation folder: the first sentence's attention, to explore.
 SCORES_FILE = "scores.json"  # In each evaluation folder: what evaluating the split scored.
 
 

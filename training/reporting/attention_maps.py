@@ -258,7 +258,7 @@ def save_attention(sentences: Sequence[PageSentence], out_dir: str, title: str) 
     for sentence in sentences:
         folder = os.path.join(out_dir, sentence.name.replace(" ", "_"))
         paths = save_attention_maps(attention_figures(sentence.attention), folder)
-        logging.info("%s: %d attention maps in %s.", sentence.name.capitalize(), len(paths), os.path.dirname(paths[0]))
+        logging.info("%s: %d attention maps in %s.", sentence.name.capitalize(), len(paths), folder)
     return write_attention_page(sentences, os.path.join(out_dir, PAGE_FILE), title)
 
 
