@@ -174,7 +174,10 @@ def _write_record(
         packages=(*records.DEFAULT_PACKAGES, "sacrebleu"),
         **fields,
     )
-    return records.write(record, path, table=collected.page)
+    path = path.removesuffix(".json")
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    pictures = plots.draw_beside_record(path, collected.summaries)
+    return records.write(record, path, table=[*collected.page, "", *pictures])
 
 
 if __name__ == "__main__":

@@ -196,6 +196,9 @@ def test_a_partial_ledger_gives_a_partial_record_naming_its_missing_runs(sweep_r
         page = f.read()
     assert f"3 of {len(table3.VARIANTS)} runs finished" in page
     assert all(f"- {label}" in page for label in missing)
+    for picture in ("table3_cpu_bleu.png", "table3_cpu_valid_curves.png"):  # Beside the record, shown on its page.
+        assert f"]({picture})" in page
+        assert (tmp_path / "record" / picture).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 _KILLED_WHILE_COPYING = """
