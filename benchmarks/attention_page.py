@@ -8,8 +8,7 @@ test split, and records the page's bytes. Then what a long sentence costs: the t
 64 pieces on each side (its reference as the target), alone and twenty times on one page. Last, it
 opens the three sentences' page in Debian's chromium (headless, through chromium-driver), shows
 cross-attention of the last layer, all heads, with a target piece picked, and saves the screenshot;
-the record keeps the page's console errors (none expected). Its browser helpers also drive
-tests/test_attention_page.py.
+the record keeps the page's console errors (none expected).
 """
 
 import json
@@ -21,6 +20,7 @@ import tempfile
 
 from absl import app, flags
 
+from benchmarks.page_browser import choose, click_piece, console_errors, open_chromium, open_page
 from common import records
 from input_pipeline import parallel_text, text_lines
 from input_pipeline.tokenizer import load_tokenizer
@@ -35,65 +35,6 @@ _PAGE = flags.DEFINE_string("page", None, "Where to keep a copy of the page of t
 _SENTENCES = flags.DEFINE_integer("sentences", 3, "The first N test sentences on the page.")
 _PIECES = 64  # The issue's yardstick: what a sentence of 64 pieces a side costs.
 flags.mark_flags_as_required(["workdir", "output"])
-
-CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"  # Debian's chromium, chromium-driver.
-
-
-# --- Driving the page in a browser (also for tests/test_attention_page.py) ------------------------
-
-
-def open_chromium(chromium: str = CHROMIUM, driver: str = CHROMEDRIVER, width: int = 1400, height: int = 1000):
-    """A headless Chromium driven by Selenium, its console kept for `console_errors`. Quit it when done."""
-    from selenium import webdriver  # pylint: disable=import-outside-toplevel  (the test extra)
-    from selenium.webdriver.chrome.service import Service  # pylint: disable=import-outside-toplevel
-
-    options = webdriver.ChromeOptions()
-    options.binary_location = chromium  # Given, with the driver: Selenium looks for (and downloads) nothing.
-    for argument in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage"):
-        options.add_argument(argument)
-    options.add_argument(f"--window-size={width},{height}")
-    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    return webdriver.Chrome(service=Service(driver), options=options)
-
-
-def console_errors(browser) -> list[str]:
-    """The page's console errors since the last call (uncaught exceptions, rejected promises, console.error)."""
-    return [entry["message"] for entry in browser.get_log("browser") if entry["level"] == "SEVERE"]
-
-
-def wait_until_drawn(browser, expected: str | None = None) -> None:
-    """Waits for the page to draw `expected` ('<sentence>/<kind>/<layer>/<head>/<view>'), or anything."""
-    from selenium.webdriver.support.ui import WebDriverWait  # pylint: disable=import-outside-toplevel
-
-    def drawn(driver):
-        ready = driver.find_element("tag name", "body").get_attribute("data-ready")
-        return ready if ready and (expected is None or ready == expected) else False
-
-    WebDriverWait(browser, 10).until(drawn, message=f"the page never drew {expected or 'anything'}")
-
-
-def open_page(browser, path: str) -> None:
-    browser.get("file://" + os.path.abspath(path))
-    wait_until_drawn(browser)
-
-
-def choose(browser, kind: str, layer: int, head: str, view: str, sentence: int = 0) -> None:
-    """Picks a kind ('decoder/cross_attention'), layer, head ('2' or 'all') and view ('heatmap', 'lines')."""
-    from selenium.webdriver.support.ui import Select  # pylint: disable=import-outside-toplevel
-
-    browser.find_element("css selector", f'input[name="kind"][value="{kind}"]').click()
-    Select(browser.find_element("id", "layer")).select_by_value(str(layer))
-    Select(browser.find_element("id", "head")).select_by_value(head)
-    browser.find_element("css selector", f'input[name="view"][value="{view}"]').click()
-    wait_until_drawn(browser, f"{sentence}/{kind}/{layer}/{head}/{view}")
-
-
-def click_piece(browser, seq: str, index: int) -> None:
-    """Clicks piece `index` of 'source' or 'target' in the page's texts."""
-    browser.find_element("css selector", f'#texts [data-seq="{seq}"][data-index="{index}"]').click()
-
-
-# --- The measurement ------------------------------------------------------------------------------
 
 
 def _translate_with_maps(workdir: str, lines: list[str], out_dir: str) -> str:

@@ -235,6 +235,7 @@ MEASURED_PATHS = {
         "training/reporting/attention_page.py",
         "training/reporting/attention_page.html",
         "benchmarks/attention_page.py",
+        "benchmarks/page_browser.py",
     ),
     "sweep": (*_TRAINING, "sweep.py", "sweeps/"),
     "benchmarks.sweep_jobs": (*_TRAINING, "sweep.py", "sweeps/", "benchmarks/sweep_jobs.py"),

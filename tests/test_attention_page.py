@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from conftest import TINY_MODEL, bundled_tokenizer, random_params
 
-from benchmarks.attention_page import choose, click_piece, console_errors, open_chromium, open_page, wait_until_drawn
+from benchmarks.page_browser import choose, click_piece, console_errors, open_chromium, open_page, wait_until_drawn
 from common.special_ids import EOS_ID
 from models import Transformer
 from training.reporting import attention_page, attention_weights
