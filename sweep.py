@@ -175,9 +175,11 @@ def _write_record(
         **fields,
     )
     path = path.removesuffix(".json")
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    pictures = plots.draw_beside_record(path, collected.summaries)
-    return records.write(record, path, table=[*collected.page, "", *pictures])
+    written = records.write(
+        record, path, table=[*collected.page, "", *plots.record_pictures(path, collected.summaries)]
+    )
+    plots.draw_beside_record(path, collected.summaries)  # Only once the record is taken.
+    return written
 
 
 if __name__ == "__main__":

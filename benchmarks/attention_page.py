@@ -33,7 +33,7 @@ _OUTPUT = flags.DEFINE_string("output", None, "Record path without suffix, e.g. 
 _SCREENSHOT = flags.DEFINE_string("screenshot", None, "Where to save the page's screenshot (PNG).")
 _PAGE = flags.DEFINE_string("page", None, "Where to keep a copy of the page of the first sentences.")
 _SENTENCES = flags.DEFINE_integer("sentences", 3, "The first N test sentences on the page.")
-_PIECES = 64  # The issue's yardstick: what a sentence of 64 pieces a side costs.
+_PIECES = 64  # The long sentence whose cost is recorded: 64 pieces a side, a yardstick for the page's size.
 flags.mark_flags_as_required(["workdir", "output"])
 
 
@@ -66,7 +66,7 @@ def main(argv):
     sources, references = _test_pairs(config)
     tokenizer = load_tokenizer(os.path.join(workdir, "tokenizer.model"))
     with tempfile.TemporaryDirectory() as folder:
-        page = _translate_with_maps(workdir, sources[: _SENTENCES.value], os.path.join(folder, "three"))
+        page = _translate_with_maps(workdir, sources[: _SENTENCES.value], os.path.join(folder, "first"))
         embedded = attention_page.read_attention_page(page)
         if _PAGE.value:
             shutil.copyfile(page, _PAGE.value)
@@ -96,8 +96,8 @@ def main(argv):
         browser = open_chromium()
         try:
             open_page(browser, page)
-            layers = max(m["layer"] for m in embedded[0]["maps"] if m["kind"] == "cross_attention")
-            choose(browser, "decoder/cross_attention", layers, "all", "heatmap")
+            last_layer = max(m["layer"] for m in embedded[0]["maps"] if m["kind"] == "cross_attention")
+            choose(browser, "decoder/cross_attention", last_layer, "all", "heatmap")
             target_pieces = embedded[0]["pieces"]["target"]
             click_piece(browser, "target", min(2, len(target_pieces) - 1))
             figures["console_errors"] = console_errors(browser)

@@ -23,14 +23,19 @@ def draw(root: str, summaries: Sequence[VariantSummary]) -> None:
         valid_curves(os.path.join(root, "valid_curves.png"), summaries)
 
 
-def draw_beside_record(record_path: str, summaries: Sequence[VariantSummary]) -> list[str]:
-    """The two pictures as <record_path>_bleu.png and <record_path>_valid_curves.png, beside the record's page;
-    returns the Markdown lines that show them there (none before a variant has a test BLEU)."""
+def draw_beside_record(record_path: str, summaries: Sequence[VariantSummary]) -> None:
+    """The two pictures as <record_path>_bleu.png and <record_path>_valid_curves.png, beside the record's page,
+    once some variant has a test BLEU."""
+    if any(s.estimates["test_bleu"] for s in summaries):
+        bleu_bars(f"{record_path}_bleu.png", summaries)
+        valid_curves(f"{record_path}_valid_curves.png", summaries)
+
+
+def record_pictures(record_path: str, summaries: Sequence[VariantSummary]) -> list[str]:
+    """The Markdown lines that show `draw_beside_record`'s pictures on the record's page (none if it draws none)."""
     if not any(s.estimates["test_bleu"] for s in summaries):
         return []
     name = os.path.basename(record_path)
-    bleu_bars(f"{record_path}_bleu.png", summaries)
-    valid_curves(f"{record_path}_valid_curves.png", summaries)
     return [
         f"![Test BLEU per variant, mean ± std over seeds]({name}_bleu.png)",
         "",

@@ -5,6 +5,7 @@ not installed the tests are skipped, unless AIAYN_REQUIRE_BROWSER=1 (as `.ci/run
 """
 
 import dataclasses
+import html
 import os
 import shutil
 
@@ -101,6 +102,17 @@ def test_pieces_such_as_the_end_of_sentence_cannot_end_the_pages_script(sentence
     assert "</" not in data and "\\u003c/s>" in data
     assert text.count("<script") == text.count("</script>") == 2  # The data and the program, nothing fetched.
     assert "src=" not in text and "http" not in text.replace("http://www.w3.org/2000/svg", "")
+
+
+def test_texts_and_titles_that_look_like_markup_stay_text(sentences, tmp_path):
+    hostile = "</script><!-- <b>&amp; /*ATTENTION_DATA*/null <!--TITLE-->"
+    sentence = dataclasses.replace(sentences[0], name=hostile, source=hostile, target=hostile)
+    path = attention_page.write_attention_page([sentence], str(tmp_path / "page.html"), title=hostile)
+    text = open(path, encoding="utf-8").read()
+    assert text.count("<script") == text.count("</script>") == 2 and text.count("<!--") == 1  # The template's own.
+    (read,) = attention_page.read_attention_page(path)
+    assert (read["name"], read["source"], read["target"]) == (hostile,) * 3
+    assert f"<title>{html.escape(hostile)}</title>" in text
 
 
 def test_weights_that_do_not_fit_their_pieces_are_refused(sentences, tmp_path):
@@ -223,9 +235,36 @@ def test_the_page_loads_in_a_browser_and_highlights_the_models_weights(browser, 
     Select(browser.find_element("id", "sentence")).select_by_value("1")
     wait_until_drawn(browser, "1/encoder/self_attention/0/all/heatmap")
     assert PAIRS[1][0] in browser.find_element("id", "texts").text
+    choose(browser, "encoder/self_attention", 0, "3", "heatmap", sentence=1)
+    click_piece(browser, "source", 0)
+    encoder = sentences[1].attention.weights["encoder/layer_0/self_attention"][3]
+    assert_shown(
+        shown_weights(browser.find_elements("css selector", ".cell.row")),
+        encoder,
+        [(0, k) for k in range(encoder.shape[1])],
+    )
     assert console_errors(browser) == []
     screenshot = tmp_path / "page.png"
     assert browser.save_screenshot(str(screenshot)) and screenshot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.slow
+def test_a_classifiers_page_of_one_piece_shows_its_encoder_alone(browser, tmp_path):
+    weights = {"encoder/layer_0/self_attention": np.ones((2, 1, 1), np.float32)}
+    attention = attention_weights.SentenceAttention(weights, ["</s>"], [])
+    page = attention_page.write_attention_page(
+        [PageSentence("line 1", "", "", "", attention)], str(tmp_path / "p.html")
+    )
+    open_page(browser, page)
+    kinds = browser.find_elements("css selector", 'input[name="kind"]')
+    assert [kind.get_attribute("value") for kind in kinds] == ["encoder/self_attention"]
+    click_piece(browser, "source", 0)
+    assert_shown(
+        shown_weights(browser.find_elements("css selector", ".cell.row")),
+        weights["encoder/layer_0/self_attention"][0],
+        [(0, 0)],
+    )
+    assert console_errors(browser) == []
 
 
 @pytest.mark.slow

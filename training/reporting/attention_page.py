@@ -58,12 +58,14 @@ class PageSentence:
 
 def _quantized(weights: np.ndarray) -> np.ndarray:
     """[heads, q_len, kv_len] weights in [0, 1] as bytes, round(weight * LEVELS)."""
-    if not np.all(np.isfinite(weights)) or weights.min() < 0 or weights.max() > 1 + 1e-6:
+    if not np.all(np.isfinite(weights)) or np.any(weights < 0) or np.any(weights > 1 + 1e-6):
         raise ValueError("Attention weights must be finite probabilities in [0, 1].")
     return np.rint(np.clip(weights, 0.0, 1.0) * LEVELS).astype(np.uint8)
 
 
 def _sentence_data(sentence: PageSentence) -> dict:
+    """The page's JSON of one sentence: its texts, its pieces by sequence, each map's name, axes and shape
+    [heads, q_len, kv_len], and the quantized weights of every map, in order and row-major, deflated, in base64."""
     attention = sentence.attention
     maps, blocks = [], []
     for name, weights in attention.weights.items():
@@ -109,8 +111,9 @@ def attention_page(sentences: Sequence[PageSentence], title: str = "Attention") 
         raise ValueError("An attention page needs at least one sentence.")
     data = {"format": PAGE_FORMAT, "levels": LEVELS, "sentences": [_sentence_data(s) for s in sentences]}
     template = resources.files(__package__).joinpath(_TEMPLATE).read_text(encoding="utf-8")
-    page = template.replace(_TITLE_PLACEHOLDER, html.escape(title))
-    return page.replace(_DATA_PLACEHOLDER, _script_json(data))
+    # The data first: the title could hold the data's placeholder, the data (no '<') cannot hold the title's.
+    page = template.replace(_DATA_PLACEHOLDER, _script_json(data))
+    return page.replace(_TITLE_PLACEHOLDER, html.escape(title))
 
 
 def write_attention_page(sentences: Sequence[PageSentence], path: str, title: str = "Attention") -> str:

@@ -187,8 +187,8 @@ class ClassificationEvaluator:
             attention_maps.write_attention_summary(writer, step, attention)
             writer.close()
             sentence = PageSentence(f"{split} sentence 1", text.texts[0], "", "", attention)
-            title = f"Attention, {split}: {checkpoint}"
-            write_attention_page([sentence], Workdir(workdir).attention_page(split), title)
+            page_title = f"Attention, {split}: {checkpoint}"
+            write_attention_page([sentence], Workdir(workdir).attention_page(split), page_title)
         return scores
 
 
