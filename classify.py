@@ -75,8 +75,7 @@ def classify(workdir: str) -> None:
         ]
         if sentences:
             title = f"Attention of {workdir}, {trained.selection.description}"
-            path = attention_maps.save_attention(sentences, _ATTENTION_MAPS.value, title)
-            logging.info("Every line's attention on one page: %s", path)
+            attention_maps.save_attention(sentences, _ATTENTION_MAPS.value, title)
 
 
 def main(argv):

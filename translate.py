@@ -84,8 +84,7 @@ def _draw_attention_maps(trained, lines: list[str], translations: list[str], out
         origin = "given" if given else "translation"
         sentences.append(attention_page.PageSentence(f"line {number}", source, target, origin, attention))
     if sentences:
-        path = attention_maps.save_attention(sentences, out_dir, title)
-        logging.info("Every line's attention on one page: %s", path)
+        attention_maps.save_attention(sentences, out_dir, title)
 
 
 def translate(workdir: str) -> None:

@@ -270,6 +270,7 @@ def ledger_record_fields(ledger: Ledger, collected, collected_by: dict) -> dict:
     machines = collections.Counter(machine for s in summaries for machine in s["machines"])
     kinds = collections.Counter(kind for s in summaries for kind in s["cpu_kinds"])
     software = collections.Counter(json.dumps(s["software"], sort_keys=True) for s in summaries).most_common(1)
+    cores = sorted({n for s in summaries for n in s["cores"]})
     return {
         "commit": pins.commit,
         "uncommitted_changes": False,  # The ledger takes runs of a clean commit only (`Ledger.check`).
@@ -278,7 +279,7 @@ def ledger_record_fields(ledger: Ledger, collected, collected_by: dict) -> dict:
         "machine": {
             "cpu_model": "; ".join(sorted({model for s in summaries for model in s["cpu_models"]})),
             "cpu_kind": "/".join(sorted(kinds)),
-            "cores": cores[0] if len(cores := sorted({n for s in summaries for n in s["cores"]})) == 1 else cores,
+            "cores": cores[0] if len(cores) == 1 else cores,  # A number where the machines agree, as records.machine.
             "runs_by_machine": dict(machines),
         },
         "software": {**(json.loads(software[0][0]) if software else {}), **records.software(("sacrebleu",))},

@@ -259,7 +259,9 @@ def save_attention(sentences: Sequence[PageSentence], out_dir: str, title: str) 
         folder = os.path.join(out_dir, sentence.name.replace(" ", "_"))
         paths = save_attention_maps(attention_figures(sentence.attention), folder)
         logging.info("%s: %d attention maps in %s.", sentence.name.capitalize(), len(paths), folder)
-    return write_attention_page(sentences, os.path.join(out_dir, PAGE_FILE), title)
+    path = write_attention_page(sentences, os.path.join(out_dir, PAGE_FILE), title)
+    logging.info("Every line's attention on one page: %s", path)
+    return path
 
 
 def write_attention_summaries(writer: MetricWriter, step: int, figures: Mapping[str, "Figure"]) -> None:

@@ -25,6 +25,7 @@ from importlib import resources
 import numpy as np
 
 from common import io_errors
+from common.workdir import Workdir
 from training.reporting.attention_weights import SentenceAttention, map_axes
 
 # A weight is stored as round(weight * LEVELS), one byte: it reads back within 0.5 / LEVELS (0.002).
@@ -125,6 +126,13 @@ def write_attention_page(sentences: Sequence[PageSentence], path: str, title: st
             f.write(page)
         os.replace(path + ".tmp", path)
     return path
+
+
+def write_evaluation_page(workdir: str, split: str, checkpoint: str, source: str, target: str, attention) -> str:
+    """The page of an evaluation's first sentence, `Workdir(workdir).attention_page(split)`: `source` and the
+    model's `target` ('' for the classifier) with their `attention`; returns its path."""
+    sentence = PageSentence(f"{split} sentence 1", source, target, "translation" if target else "", attention)
+    return write_attention_page([sentence], Workdir(workdir).attention_page(split), f"Attention, {split}: {checkpoint}")
 
 
 def read_attention_page(path: str) -> list[dict]:

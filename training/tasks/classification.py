@@ -29,7 +29,7 @@ from models.build import make_model
 from models.classifier import Classifier
 from training.losses import weighted_metrics
 from training.reporting import attention_maps
-from training.reporting.attention_page import PageSentence, write_attention_page
+from training.reporting.attention_page import write_evaluation_page
 from training.reporting.attention_weights import classifier_attention
 from training.reporting.metrics_writer import MetricWriter
 from training.reporting.scores import write_scores
@@ -186,9 +186,7 @@ class ClassificationEvaluator:
             writer = MetricWriter(workdir, f"eval_{split}")
             attention_maps.write_attention_summary(writer, step, attention)
             writer.close()
-            sentence = PageSentence(f"{split} sentence 1", text.texts[0], "", "", attention)
-            page_title = f"Attention, {split}: {checkpoint}"
-            write_attention_page([sentence], Workdir(workdir).attention_page(split), page_title)
+            write_evaluation_page(workdir, split, checkpoint, text.texts[0], "", attention)
         return scores
 
 

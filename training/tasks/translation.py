@@ -22,7 +22,7 @@ from input_pipeline.text_lines import TextPairs
 from models.build import make_model
 from training import step_options
 from training.reporting.attention_maps import write_attention_summary
-from training.reporting.attention_page import PageSentence, write_attention_page
+from training.reporting.attention_page import write_evaluation_page
 from training.reporting.attention_weights import sentence_attention
 from training.reporting.metrics_writer import MetricWriter
 from training.runtime import sharding
@@ -140,9 +140,7 @@ def evaluate_split(config, setup, model, params, step: int, description: str, co
         write_attention_summary(writer, step, attention)
         writer.close()
         if processes.is_main_process():
-            sentence = PageSentence(f"{split} sentence 1", source, hypotheses[0], "translation", attention)
-            title = f"Attention, {split}: {description}"
-            write_attention_page([sentence], Workdir(workdir).attention_page(split), title)
+            write_evaluation_page(workdir, split, description, source, hypotheses[0], attention)
     return scores
 
 
