@@ -38,7 +38,8 @@ def setting():
     model = Transformer(dataclasses.replace(TINY_MODEL, vocab_size=12, max_len=64, norm_placement="pre"))
     sources = _sources(30, np.random.default_rng(0))
     dummy = jnp.zeros((1, 8), jnp.int32)
-    params = nn.unbox(model.init(jax.random.PRNGKey(1), dummy, dummy, deterministic=True)["params"])
+    init = jax.jit(functools.partial(model.init, deterministic=True))  # One program, not one per operation.
+    params = nn.unbox(init(jax.random.PRNGKey(1), dummy, dummy)["params"])
     # Larger weights: outputs that depend on the source, and <eos> now early, now never (budgets matter).
     params = jax.tree.map(lambda x: 4.0 * x, params)
     inputs = np.zeros((len(sources), BOUNDARIES[-1]), np.int32)
@@ -62,6 +63,13 @@ def _decoder(model, beam_size):
     return batching.row_decoder(model, batching.beam_search(beam_size=beam_size, alpha=0.6, **_IDS), pad_id=PAD)
 
 
+@pytest.fixture(scope="module")
+def decoders(setting) -> dict:
+    """A decoder per beam size, compiled once for the tests that do not count its programs."""
+    model = setting[0]
+    return {beam_size: _decoder(model, beam_size) for beam_size in BEAM_SIZES}
+
+
 def _decode(decoder, params, sources, refill_share, monkeypatch):
     monkeypatch.setattr(batching, "REFILL_SHARE", refill_share)  # Read between the compiled programs.
     place = functools.partial(jax.tree.map, jnp.asarray)
@@ -73,10 +81,12 @@ def _decode(decoder, params, sources, refill_share, monkeypatch):
 
 @pytest.mark.parametrize("beam_size", BEAM_SIZES)
 @pytest.mark.parametrize("refill_share", [0.01, 1.0])
-def test_refilled_rows_translate_each_sentence_as_decoding_it_alone(setting, beam_size, refill_share, monkeypatch):
+def test_refilled_rows_translate_each_sentence_as_decoding_it_alone(
+    setting, decoders, beam_size, refill_share, monkeypatch
+):
     """Whatever the rows beside it, its stage, or when rows are refilled (a row at a time, or all at once)."""
-    model, params, sources, alone = setting
-    found = _decode(_decoder(model, beam_size), params, sources, refill_share, monkeypatch)
+    _, params, sources, alone = setting
+    found = _decode(decoders[beam_size], params, sources, refill_share, monkeypatch)
     assert sorted(found) == list(range(len(sources)))  # Every sentence once.
     for sentence, expected in enumerate(alone[beam_size]):
         np.testing.assert_array_equal(found[sentence][: len(expected)], expected, err_msg=f"sentence {sentence}")
@@ -85,12 +95,12 @@ def test_refilled_rows_translate_each_sentence_as_decoding_it_alone(setting, bea
     assert len(set(lengths)) > 3, lengths  # Sentences end at different steps: rows are refilled at different times.
 
 
-def test_the_host_reads_each_call_once_while_the_next_one_runs(setting, monkeypatch):
+def test_the_host_reads_each_call_once_while_the_next_one_runs(setting, decoders, monkeypatch):
     """On an accelerator a fetch waits for the device: the report of call i is fetched after call i + 1 is
     dispatched, in one transfer (the device picks the rows, so the next block needs nothing of it)."""
-    model, params, sources, _ = setting
+    _, params, sources, _ = setting
     events = []
-    decoder = _decoder(model, 1)
+    decoder = decoders[1]
 
     def advance(*args, **kwargs):
         events.append("advance")
@@ -140,6 +150,6 @@ def test_stages_halve_the_source_length_from_the_longest_sources_bucket():
     assert len(batching.stage_lengths(many, (2, 4, 8, 16, 32, 64, 128, 256))) == batching.MAX_STAGES
 
 
-def test_no_sentence_decodes_nothing(setting, monkeypatch):
-    model, params, _, _ = setting
-    assert _decode(_decoder(model, 1), params, [], 0.25, monkeypatch) == {}
+def test_no_sentence_decodes_nothing(setting, decoders, monkeypatch):
+    _, params, _, _ = setting
+    assert _decode(decoders[1], params, [], 0.25, monkeypatch) == {}

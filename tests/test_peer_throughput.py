@@ -21,6 +21,7 @@ def _run(*arguments: str) -> subprocess.CompletedProcess:
     return subprocess.run(command, cwd=REPO_ROOT, env=entry_point_env(), capture_output=True, text=True, check=False)
 
 
+@pytest.mark.slow  # A benchmark in a process of its own.
 def test_tiny_run_times_each_variant_against_torch_and_profiles_it(tmp_path):
     variant = "loss_chunks=2+prng_impl=unsafe_rbg"
     output = str(tmp_path / "peer")
@@ -45,6 +46,7 @@ def test_tiny_run_times_each_variant_against_torch_and_profiles_it(tmp_path):
         assert math.isclose(math.fsum(row["share"] for row in profile["buckets"].values()), 1.0)
 
 
+@pytest.mark.slow  # A benchmark in a process of its own.
 def test_an_xla_flag_set_runs_in_a_process_of_its_own(tmp_path):
     arguments = [*_TINY, "--variants=default", "--frameworks=jax"]
     record = step_variants.run_with_xla_flags("", arguments, str(tmp_path / "flags"))

@@ -16,6 +16,7 @@ from training import step_options
 GPU_STEP_CHECK = os.path.join(REPO_ROOT, "benchmarks", "gpu_step_check.sh")
 
 
+@pytest.mark.slow  # A benchmark in a process of its own.
 def test_the_tiny_step_is_profiled_through_its_own_dump_with_every_kernel_attributed(tmp_path):
     output = str(tmp_path / "profile")
     command = [sys.executable, "-m", "benchmarks.step_profile", "--model=tiny", "--steps=2", "--warmup_steps=1"]

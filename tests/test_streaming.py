@@ -586,6 +586,7 @@ def test_stream_reads_array_record_files(corpus, tmp_path):
     from_list.close()
 
 
+@pytest.mark.slow  # grain's worker processes.
 def test_workers_make_the_same_stream_on_every_run_and_restore(corpus):
     from absl import flags  # pylint: disable=g-import-not-at-top
 

@@ -76,6 +76,7 @@ def test_train_step_lowers_the_loss_on_a_fixed_batch():
     assert np.isclose(metrics["tokens"], np.count_nonzero(batch["targets"]))
 
 
+@pytest.mark.slow  # A training run: 250 steps.
 @pytest.mark.parametrize("norm_placement", ["pre", "post"])
 def test_train_step_overfits_a_handful_of_pairs(norm_placement):
     model, state, step = _setup(norm_placement=norm_placement)
