@@ -1,14 +1,17 @@
 """Shared fixtures: a small slice of the bundled corpus and the tiny config."""
 
 import contextlib
+import fcntl
 import functools
 import gzip
 import os
+import pathlib
+import shutil
 import struct
 import subprocess
 import sys
 import types
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import flax.linen as nn
 import jax
@@ -150,11 +153,49 @@ def write_corpus_slice(folder: str, lines_per_split: dict[str, int]) -> str:
     return folder
 
 
+def once_per_test_run(tmp_path_factory, name: str, make: Callable[[str], object]) -> str:
+    """The folder `name` of this test run, made by `make(folder)` once, by whichever xdist worker asks first;
+    the others wait for it (a lock), then share it. Made anew after a failure."""
+    basetemp = tmp_path_factory.getbasetemp()
+    root = basetemp.parent if "PYTEST_XDIST_WORKER" in os.environ else basetemp  # What every worker sees.
+    folder, done = root / name, root / f"{name}.done"
+    with open(root / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # Released when the file closes.
+        if not done.exists():
+            shutil.rmtree(folder, ignore_errors=True)
+            make(str(folder))
+            done.touch()
+    return str(folder)
+
+
 @pytest.fixture(scope="session")
 def small_corpus(tmp_path_factory) -> str:
-    """A folder with 1,500 train, 40 valid and 40 test pairs of the bundled corpus."""
-    folder = str(tmp_path_factory.mktemp("small_corpus"))
-    return write_corpus_slice(folder, {"train": 1500, "valid": 40, "test": 40})
+    """A folder with 1,500 train, 40 valid and 40 test pairs of the bundled corpus, one for the test run."""
+    lines = {"train": 1500, "valid": 40, "test": 40}
+    return once_per_test_run(tmp_path_factory, "small_corpus", lambda folder: write_corpus_slice(folder, lines))
+
+
+@pytest.fixture(scope="session")
+def trained_tiny_run(small_corpus, tmp_path_factory) -> str:
+    """configs/tiny.py on `small_corpus`, trained once for the test run by train.py where TensorFlow is not
+    installed (the base install): checkpoints at steps 3 and 6, validation BLEU at both (the best kept apart),
+    the test split evaluated, its config.json and tokenizer. Read it, or copy it (`copy_of_trained_tiny_run`)
+    to change it: the command-line tests of evaluation, translation and checkpoints share this one run
+    instead of each training its own."""
+
+    def train(workdir: str) -> None:
+        trained = run_entry_point(
+            WITHOUT_TENSORFLOW, "train.py", "--config=configs/tiny.py", f"--workdir={workdir}",
+            f"--config.dataset.path={small_corpus}",
+        )  # fmt: skip
+        assert trained.returncode == 0, trained.stderr[-3000:]
+
+    return once_per_test_run(tmp_path_factory, "trained_tiny_run", train)
+
+
+def copy_of_trained_tiny_run(trained_tiny_run: str, folder: pathlib.Path) -> str:
+    """A copy of the shared tiny run in `folder`/run, for a test that writes into it."""
+    return str(shutil.copytree(trained_tiny_run, folder / "run"))
 
 
 def tiny_config(corpus_dir: str | None = None, **overrides):

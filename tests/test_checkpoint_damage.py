@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from conftest import run_entry_point, tiny_config
+from conftest import copy_of_trained_tiny_run, run_entry_point, tiny_config
 from jax.sharding import NamedSharding, PartitionSpec
 
 from common.errors import UserInputError
@@ -398,15 +398,11 @@ def test_nonfinite_state_is_refused_and_nothing_changes(workdir):
 
 
 @pytest.mark.slow
-def test_cli_falls_back_past_a_damaged_latest_step(small_corpus, tmp_path):
-    workdir = str(tmp_path / "run")
+def test_cli_falls_back_past_a_damaged_latest_step(small_corpus, trained_tiny_run, tmp_path):
+    workdir = copy_of_trained_tiny_run(trained_tiny_run, tmp_path)  # Checkpoints at steps 3 and 6.
     config = tiny_config(small_corpus, **{"eval.num_bleu_sentences": 0, "eval.split": "valid"})
     common = ["--config=configs/tiny.py", f"--workdir={workdir}", f"--config.dataset.path={small_corpus}"]
     common += ["--config.eval.num_bleu_sentences=0", "--config.eval.split=valid"]
-    # Checkpoints at steps 3 and 6. Trained by train.py, as the runs below: they read the programs it compiled
-    # from the persistent compilation cache instead of compiling them again.
-    trained_run = run_entry_point("train.py", *common)
-    assert trained_run.returncode == 0, trained_run.stderr[-3000:]
     _flip_bytes_throughout(workdir, 6)
 
     # Read-only uses warn and take step 3; the damaged step stays where it is.

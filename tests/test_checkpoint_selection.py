@@ -10,7 +10,7 @@ import numpy as np
 import optax
 import orbax.checkpoint as ocp
 import pytest
-from conftest import run_entry_point, tiny_config
+from conftest import copy_of_trained_tiny_run, run_entry_point, tiny_config
 from jax.sharding import NamedSharding, PartitionSpec
 
 from common.errors import UserInputError
@@ -185,22 +185,11 @@ def test_best_replaces_a_later_stale_step(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def trained(small_corpus, tmp_path_factory):
-    """A tiny run with checkpoints at steps 3 and 6, BLEU checked at both, and the config that made it."""
-    workdir = str(tmp_path_factory.mktemp("selection") / "run")
-    config = tiny_config(small_corpus, keep_checkpoints=2, **{"eval.split": "valid"})
-    # Trained by train.py, as the tests' evaluations run: they read the programs it compiled from the persistent
-    # compilation cache instead of compiling them again.
-    trained_run = run_entry_point(
-        "train.py",
-        "--config=configs/tiny.py",
-        f"--workdir={workdir}",
-        f"--config.dataset.path={small_corpus}",
-        "--config.keep_checkpoints=2",
-        "--config.eval.split=valid",
-    )
-    assert trained_run.returncode == 0, trained_run.stderr[-3000:]
-    return config, workdir
+def trained(small_corpus, trained_tiny_run, tmp_path_factory):
+    """The shared tiny run (checkpoints at steps 3 and 6, BLEU checked at both), copied, and the config these
+    tests evaluate it with."""
+    config = tiny_config(small_corpus, **{"eval.split": "valid"})
+    return config, copy_of_trained_tiny_run(trained_tiny_run, tmp_path_factory.mktemp("selection"))
 
 
 def _run_eval(config, workdir, *args):
@@ -221,8 +210,13 @@ def _abstract_model_params(config, workdir):
     return _replicated_structs(abstract)
 
 
-def _scores(workdir):
-    with open(os.path.join(workdir, "eval", "valid", "scores.json")) as f:
+def _written(folder):
+    """{path: modification time} of every file under `folder`."""
+    return {os.path.join(d, n): os.path.getmtime(os.path.join(d, n)) for d, _, names in os.walk(folder) for n in names}
+
+
+def _scores(workdir, split="valid"):
+    with open(os.path.join(workdir, "eval", split, "scores.json")) as f:
         return json.load(f)
 
 
@@ -230,7 +224,7 @@ def _scores(workdir):
 def test_cli_evaluates_the_best_checkpoint(trained):
     config, workdir = trained
     assert sorted(os.listdir(os.path.join(workdir, "checkpoints"))) == ["3", "6"]
-    assert _scores(workdir)["checkpoint"] == "step 6"  # The evaluation after training.
+    assert _scores(workdir, "test")["checkpoint"] == "step 6"  # The evaluation after training.
     checkpointer = Checkpointer(workdir, read_only=True)
     best = checkpointer.best()
     checkpointer.close()
@@ -274,9 +268,9 @@ def test_cli_evaluates_and_saves_an_average(trained):
 @pytest.mark.slow
 def test_evaluating_a_bad_choice_writes_nothing(trained):
     config, workdir = trained
-    before = os.path.getmtime(os.path.join(workdir, "eval", "valid", "scores.json"))
+    before = _written(os.path.join(workdir, "eval"))
     with pytest.raises(UserInputError, match=r"Checkpoint 'average:3' averages the last 3 checkpoints"):
         loop.evaluate_checkpoint(config, workdir, "average:3")
     with pytest.raises(UserInputError, match=r"needs the checkpoint choice 'average:N', not 'best'"):
         loop.evaluate_checkpoint(config, workdir, "best", save_average=True)
-    assert os.path.getmtime(os.path.join(workdir, "eval", "valid", "scores.json")) == before
+    assert _written(os.path.join(workdir, "eval")) == before

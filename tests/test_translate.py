@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import REPO_ROOT, WITHOUT_TENSORFLOW, compiled_programs, run_entry_point
+from conftest import REPO_ROOT, compiled_programs, copy_of_trained_tiny_run, run_entry_point
 
 from common.special_ids import EOS_ID
 from input_pipeline.batching import RaggedIds
@@ -19,19 +19,9 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def trained_workdir(small_corpus, tmp_path_factory):
-    """A tiny run trained for 4 steps through the CLI (which also saves its config.json), without TensorFlow."""
-    workdir = str(tmp_path_factory.mktemp("translate") / "run")
-    trained = run_entry_point(
-        WITHOUT_TENSORFLOW,
-        "train.py",
-        "--config=configs/tiny.py",
-        f"--workdir={workdir}",
-        f"--config.dataset.path={small_corpus}",
-        "--config.num_train_steps=4",
-    )
-    assert trained.returncode == 0, trained.stderr[-3000:]
-    return workdir
+def trained_workdir(trained_tiny_run, tmp_path_factory):
+    """The shared tiny run (trained without TensorFlow, with its config.json), copied: these tests write into it."""
+    return copy_of_trained_tiny_run(trained_tiny_run, tmp_path_factory.mktemp("translate"))
 
 
 def test_translate_keeps_one_line_per_input_line(trained_workdir):
