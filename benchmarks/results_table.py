@@ -133,6 +133,15 @@ def _table3(figures: dict) -> str:
     )
 
 
+def _test_tiers(figures: dict) -> str:
+    fast, whole = figures["fast tier"], figures["whole suite"]
+    over = len(fast["over_limit"])
+    return (
+        f"fast tier (`-m \"not slow\"`) {_minutes(fast['wall_seconds'])} for {fast['tests']} tests, "
+        f"{over or 'none'} over 10 s; whole suite {_minutes(whole['wall_seconds'])} for {whole['tests']} tests"
+    )
+
+
 @dataclasses.dataclass(frozen=True)
 class Row:
     what: str
@@ -166,6 +175,11 @@ ROWS = (
         "Transformer-base and -big train step, bf16, one device",
         "accelerator_check_base_big_*",
         _accelerator,
+    ),
+    Row(
+        "the test suite, each tier run alone with 2 workers (`pytest -n 2 --dist loadfile`)",
+        "test_tiers_*",
+        _test_tiers,
     ),
     Row("the paper's Table 3 at the bundled corpus's scale (23 variants × 3 seeds)", "table3_*", _table3),
 )
@@ -237,6 +251,7 @@ MEASURED_PATHS = {
         "benchmarks/attention_page.py",
         "benchmarks/page_browser.py",
     ),
+    "benchmarks.test_tiers": ("tests/", ".ci/", "pyproject.toml", "benchmarks/test_tiers.py"),
     "sweep": (*_TRAINING, "sweep.py", "sweeps/"),
     "benchmarks.sweep_jobs": (*_TRAINING, "sweep.py", "sweeps/", "benchmarks/sweep_jobs.py"),
 }

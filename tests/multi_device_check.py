@@ -1,10 +1,7 @@
 """Runs the train step, evaluation and checkpoint restore on 8 simulated CPU devices; run by test_multi_device.py.
 
   XLA_FLAGS=--xla_force_host_platform_device_count=8 JAX_PLATFORMS=cpu \\
-      python tests/multi_device_check.py layouts
-  ... python tests/multi_device_check.py checkpoint <empty directory>
-  ... python tests/multi_device_check.py classifier
-  ... python tests/multi_device_check.py positions
+      python tests/multi_device_check.py layouts classifier positions checkpoint --directory=<empty directory>
 
 `layouts` trains a small model for 5 steps on the same batches in every layout
 (one device; pmap over 8; jit over 8 data, 4 data x 2 FSDP, 2 data x 4 tensor,
@@ -20,10 +17,12 @@ layouts and checks its losses and class probabilities against one device.
 `positions` trains with relative positions (their tables, relative values and a
 smaller key size) and with rotary positions on 2 data x 2 FSDP x 2 tensor, checking
 losses, parameters and greedy decoding against one device.
-Exits non-zero (an AssertionError) on any mismatch.
+Each check prints `<check>: ok`, or its error and `<check>: FAILED`; the script exits 1 if any failed.
 """
 
 import argparse
+import sys
+import traceback
 
 import jax
 import ml_collections
@@ -336,27 +335,45 @@ def check_checkpoint(directory: str) -> None:
     print("checkpoint: ok")
 
 
+CHECKS = {"layouts": check_layouts, "classifier": check_classifier, "positions": check_positions}
+
+
 def _arguments() -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    checks = parser.add_subparsers(dest="check", required=True, metavar="{layouts,checkpoint,classifier,positions}")
-    checks.add_parser("layouts", help="every layout's losses, parameters, evaluation and decoding against one device")
-    checks.add_parser("checkpoint", help="save on 8-way data, restore onto other meshes").add_argument(
-        "directory", help="an empty directory to save into"
+    parser.add_argument(
+        "checks",
+        nargs="+",
+        choices=[*CHECKS, "checkpoint"],
+        help="layouts: every layout's losses, parameters, evaluation and decoding against one device; classifier: "
+        "the encoder classifier in the layouts; positions: relative and rotary positions on 2 x 2 x 2; "
+        "checkpoint: save on 8-way data, restore onto other meshes (in --directory)",
     )
-    checks.add_parser("classifier", help="the encoder classifier in the layouts against one device")
-    checks.add_parser("positions", help="relative and rotary positions on 2 x 2 x 2 against one device")
-    return parser.parse_args()
+    parser.add_argument("--directory", help="checkpoint: an empty directory to save into")
+    arguments = parser.parse_args()
+    if "checkpoint" in arguments.checks and not arguments.directory:
+        parser.error("checkpoint needs --directory")
+    return arguments
+
+
+def main() -> int:
+    """Runs each check asked for in this one process (JAX starts once; a program compiled by one check is in
+    the compilation cache for the next); a failed check prints its error and the next still runs."""
+    arguments = _arguments()
+    failed = []
+    for name in arguments.checks:
+        try:
+            if name == "checkpoint":
+                check_checkpoint(arguments.directory)
+            else:
+                CHECKS[name]()
+        except Exception:  # pylint: disable=broad-except
+            traceback.print_exc()
+            print(f"{name}: FAILED")
+            failed.append(name)
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":
-    arguments = _arguments()
-    if arguments.check == "layouts":
-        check_layouts()
-    elif arguments.check == "classifier":
-        check_classifier()
-    elif arguments.check == "positions":
-        check_positions()
-    else:
-        check_checkpoint(arguments.directory)
+    sys.exit(main())
