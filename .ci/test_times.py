@@ -13,17 +13,27 @@ import sys
 import xml.etree.ElementTree as ET
 
 
-def read_times(junit_xml: str) -> tuple[float, list[tuple[float, str]]]:
-    """The session's wall seconds and each test's (seconds, id), slowest first."""
+def _cases(junit_xml: str) -> tuple[float, list[ET.Element]]:
     root = ET.parse(junit_xml).getroot()
     suites = [root] if root.tag == "testsuite" else root.findall("testsuite")
-    wall = sum(float(suite.get("time", 0)) for suite in suites)
-    tests = [
-        (float(case.get("time", 0)), f"{case.get('classname')}::{case.get('name')}")
-        for suite in suites
-        for case in suite.iter("testcase")
+    return sum(float(suite.get("time", 0)) for suite in suites), [case for s in suites for case in s.iter("testcase")]
+
+
+def _id(case: ET.Element) -> str:
+    return f"{case.get('classname')}::{case.get('name')}"
+
+
+def read_times(junit_xml: str) -> tuple[float, list[tuple[float, str]]]:
+    """The session's wall seconds and each test's (seconds, id), slowest first."""
+    wall, cases = _cases(junit_xml)
+    return wall, sorted(((float(case.get("time", 0)), _id(case)) for case in cases), reverse=True)
+
+
+def read_failures(junit_xml: str) -> list[str]:
+    """The ids of the tests that failed or errored."""
+    return [
+        _id(case) for case in _cases(junit_xml)[1] if case.find("failure") is not None or case.find("error") is not None
     ]
-    return wall, sorted(tests, reverse=True)
 
 
 def main() -> int:

@@ -31,7 +31,8 @@ TEST_ARGUMENTS = ["-q", "-n", "2", "--dist", "loadfile"]  # The README's.
 TIERS = {"fast tier": ["-m", "not slow"], "whole suite": []}
 FAST_TIER_LIMIT_S = 10  # .ci/run's.
 
-read_times = runpy.run_path(os.path.join(records.REPO_ROOT, ".ci", "test_times.py"))["read_times"]
+_TEST_TIMES = runpy.run_path(os.path.join(records.REPO_ROOT, ".ci", "test_times.py"))
+read_times, read_failures = _TEST_TIMES["read_times"], _TEST_TIMES["read_failures"]
 
 
 def _run(arguments: list[str], junit_xml: str) -> dict:
@@ -51,6 +52,7 @@ def _run(arguments: list[str], junit_xml: str) -> dict:
         "wall_seconds": round(wall, 1),
         "tests": len(tests),
         "passed": done.returncode == 0,
+        "failed": read_failures(junit_xml),
         "summary": summary,
         "slowest": [[round(seconds, 1), test] for seconds, test in tests[: _SLOWEST.value]],
         "over_limit": [[round(s, 1), test] for s, test in tests if s > FAST_TIER_LIMIT_S] if arguments else None,
@@ -72,6 +74,9 @@ def main(argv):
         table.append(
             f"| {name}: `{run['command']}` | {run['wall_seconds'] / 60:.1f} min | {run['tests']} | {run['summary']} |"
         )
+    for name in TIERS:
+        if figures[name]["failed"]:
+            table += ["", f"Failed in the {name}: " + ", ".join(f"`{test}`" for test in figures[name]["failed"]) + "."]
     fast = figures["fast tier"]
     table += [
         "",

@@ -26,6 +26,7 @@ def test_rsqrt_schedule_warms_up_linearly_then_decays_as_inverse_sqrt():
     np.testing.assert_allclose(schedule(399), 5e-4, rtol=1e-6)  # sqrt(100 / 400) of the peak.
 
 
+@functools.cache  # The state is immutable, and the tests of one setup share its compiled step.
 def _setup(grad_accumulation_steps=1, **model_overrides):
     config = default.get_config()
     config.dataset.max_length = 16
