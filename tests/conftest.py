@@ -1,4 +1,4 @@
-"""Shared fixtures: a small slice of the bundled corpus and the tiny config."""
+"""Shared fixtures: a small slice of the bundled corpus, the tiny config, and a tiny run trained once per test run."""
 
 import contextlib
 import fcntl
@@ -184,10 +184,10 @@ def trained_tiny_run(small_corpus, tmp_path_factory) -> str:
     instead of each training its own."""
 
     def train(workdir: str) -> None:
+        corpus = f"--config.dataset.path={small_corpus}"
         trained = run_entry_point(
-            WITHOUT_TENSORFLOW, "train.py", "--config=configs/tiny.py", f"--workdir={workdir}",
-            f"--config.dataset.path={small_corpus}",
-        )  # fmt: skip
+            WITHOUT_TENSORFLOW, "train.py", "--config=configs/tiny.py", f"--workdir={workdir}", corpus
+        )
         assert trained.returncode == 0, trained.stderr[-3000:]
 
     return once_per_test_run(tmp_path_factory, "trained_tiny_run", train)
