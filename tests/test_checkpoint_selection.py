@@ -12,6 +12,7 @@ import orbax.checkpoint as ocp
 import pytest
 from conftest import copy_of_trained_tiny_run, run_entry_point, tiny_config
 from jax.sharding import NamedSharding, PartitionSpec
+from test_bad_input import snapshot
 
 from common.errors import UserInputError
 from common.workdir import Workdir
@@ -210,11 +211,6 @@ def _abstract_model_params(config, workdir):
     return _replicated_structs(abstract)
 
 
-def _written(folder):
-    """{path: modification time} of every file under `folder`."""
-    return {os.path.join(d, n): os.path.getmtime(os.path.join(d, n)) for d, _, names in os.walk(folder) for n in names}
-
-
 def _scores(workdir, split="valid"):
     with open(os.path.join(workdir, "eval", split, "scores.json")) as f:
         return json.load(f)
@@ -268,9 +264,9 @@ def test_cli_evaluates_and_saves_an_average(trained):
 @pytest.mark.slow
 def test_evaluating_a_bad_choice_writes_nothing(trained):
     config, workdir = trained
-    before = _written(os.path.join(workdir, "eval"))
+    before = snapshot(os.path.join(workdir, "eval"))
     with pytest.raises(UserInputError, match=r"Checkpoint 'average:3' averages the last 3 checkpoints"):
         loop.evaluate_checkpoint(config, workdir, "average:3")
     with pytest.raises(UserInputError, match=r"needs the checkpoint choice 'average:N', not 'best'"):
         loop.evaluate_checkpoint(config, workdir, "best", save_average=True)
-    assert _written(os.path.join(workdir, "eval")) == before
+    assert snapshot(os.path.join(workdir, "eval")) == before

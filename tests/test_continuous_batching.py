@@ -38,8 +38,7 @@ def setting():
     model = Transformer(dataclasses.replace(TINY_MODEL, vocab_size=12, max_len=64, norm_placement="pre"))
     sources = _sources(30, np.random.default_rng(0))
     dummy = jnp.zeros((1, 8), jnp.int32)
-    init = jax.jit(functools.partial(model.init, deterministic=True))  # One program, not one per operation.
-    params = nn.unbox(init(jax.random.PRNGKey(1), dummy, dummy)["params"])
+    params = nn.unbox(model.init(jax.random.PRNGKey(1), dummy, dummy, deterministic=True)["params"])
     # Larger weights: outputs that depend on the source, and <eos> now early, now never (budgets matter).
     params = jax.tree.map(lambda x: 4.0 * x, params)
     inputs = np.zeros((len(sources), BOUNDARIES[-1]), np.int32)
