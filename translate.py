@@ -90,7 +90,7 @@ def _draw_attention_maps(trained, lines: list[str], translations: list[str], out
 def translate(workdir: str) -> None:
     from training import inference, text_io  # pylint: disable=g-import-not-at-top  (JAX starts here)
     from training.runtime import compilation_cache  # pylint: disable=g-import-not-at-top
-    from training.tasks import translation_eval  # pylint: disable=g-import-not-at-top
+    from training.tasks import translation_decoding  # pylint: disable=g-import-not-at-top
 
     config = _CONFIG.value if _CONFIG.value is not None else inference.load_config(workdir)
     if config.task != "translation":
@@ -104,8 +104,8 @@ def translate(workdir: str) -> None:
     trained = inference.load_trained_model(config, workdir, _CHECKPOINT.value)
     decoding = describe_decoding(config.eval)
     logging.info("Translating %d lines: %s, %s.", len(lines), trained.selection.description, decoding)
-    setup = translation_eval.eval_setup(config, trained.model, trained.tokenizer, trained.mesh)
-    translations = inference.translate_lines(setup, trained.params, sources, config.dataset.max_length)
+    translator = translation_decoding.translator(config, trained.model, trained.tokenizer, trained.mesh)
+    translations = inference.translate_lines(translator, trained.params, sources, config.dataset.max_length)
     text_io.write_output_lines(translations, _OUTPUT.value)  # First: drawing maps may still fail (a full disk).
     if _ATTENTION_MAPS.value:
         title = f"Attention of {workdir}, {trained.selection.description}"

@@ -49,7 +49,7 @@ from training import inference
 from training.config_checks import validate_config
 from training.reporting.logs import quiet_library_logs
 from training.runtime import host_memory
-from training.tasks import translation_eval
+from training.tasks import translation_decoding
 
 records.define_software_note_flag()
 
@@ -70,19 +70,19 @@ flags.mark_flags_as_required(["workdir"])
 
 
 def _setup(workdir: str, dtype: str, beam_size: int, alpha: float):
-    """(config, trained model, evaluation setup) of the run, decoding as asked."""
+    """(config, trained model, translator) of the run, decoding as asked."""
     config = inference.load_config(workdir).copy_and_resolve_references()
     config.model.dtype = dtype
     config.eval.beam_size, config.eval.length_penalty = beam_size, alpha
     validate_config(config)
     trained = inference.load_trained_model(config, workdir)
-    return config, trained, translation_eval.eval_setup(config, trained.model, trained.tokenizer, trained.mesh)
+    return config, trained, translation_decoding.translator(config, trained.model, trained.tokenizer, trained.mesh)
 
 
 def _ours(workdir: str, dtype: str, beam_size: int, alpha: float, lines: list[str]):
     """A call that translates `lines` as translate.py does, with the run's latest parameters."""
-    config, trained, setup = _setup(workdir, dtype, beam_size, alpha)
-    return lambda: inference.translate_lines(setup, trained.params, lines, config.dataset.max_length)
+    config, trained, translator = _setup(workdir, dtype, beam_size, alpha)
+    return lambda: inference.translate_lines(translator, trained.params, lines, config.dataset.max_length)
 
 
 def _profile(translate, calls: int, dump_dir: str) -> dict:

@@ -41,7 +41,7 @@ from models.decoding import decode_length
 from training import inference
 from training.config_checks import validate_config
 from training.reporting.logs import quiet_library_logs
-from training.tasks import translation_eval
+from training.tasks import translation_decoding
 
 records.define_software_note_flag()
 
@@ -70,10 +70,10 @@ def _ours(lines: list[str], dtype: str, decoding: Decoding, passes: int) -> tupl
     config.eval.beam_size, config.eval.length_penalty = decoding.beam_size, decoding.alpha
     validate_config(config)
     trained = inference.load_trained_model(config, _WORKDIR.value)
-    setup = translation_eval.eval_setup(config, trained.model, trained.tokenizer, trained.mesh)
+    translator = translation_decoding.translator(config, trained.model, trained.tokenizer, trained.mesh)
     for _ in range(passes):
         start = time.perf_counter()
-        translations = inference.translate_lines(setup, trained.params, lines, config.dataset.max_length)
+        translations = inference.translate_lines(translator, trained.params, lines, config.dataset.max_length)
         seconds = time.perf_counter() - start
     return translations, seconds if passes > 1 else None
 

@@ -24,9 +24,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from models.beam_search import beam_rows, beams_done, run_beams
-from models.decoding import cached_next_token_logits, decode_length, is_filler, source_context
-from models.search import argmax_token, greedy_rows, run_greedy
+from models.decoding import cached_next_token_logits, decode_length, model_decoder, source_context
+from models.search import Axis, Search, check_rows, fields
 from models.transformer import Transformer
 
 Array = jax.Array
@@ -53,161 +52,126 @@ class Block(NamedTuple):
 
 
 class Decoding(NamedTuple):
-    """What `advance` carries: search, the `Search`'s rows; sentences [rows] int32, each one's (or NO_SENTENCE)."""
+    """What `advance` carries: the search's rows; the model's cache [rows * copies, heads, max_length, d] and context
+    (`source_context`, [rows, ...]); sentences [rows] int32, each row's (or NO_SENTENCE)."""
 
-    search: Any
+    rows: Any
+    cache: Any
+    context: Any
     sentences: Any
 
 
-@dataclasses.dataclass(frozen=True)
-class Search:
-    """Greedy search or beam search as continuous batching drives it (models/search.py, models/beam_search.py).
+class Layout(NamedTuple):
+    """How a `Decoding` is split over devices: rows, for [rows, ...] leaves; heads, for the caches' [rows, heads,
+    length, d] leaves (over the tensor axis too, as the train step's attention is)."""
 
-    copies: hypotheses a sentence (1, or the beam size), the rows of the state (the self-attention cache);
-        the context (the sources) has one a sentence.
-    fresh(state, context, skip [n], budgets [n], max_length=) -> the search of n new sentences.
-    run(next_token_logits, search, min_done=) -> the search run until at least min_done rows are done.
-    done(search) -> [rows] bool; best(search) -> [rows, max_length] ids of each row's translation.
-    free_field: the [rows] bool field that marks a row without a sentence.
-    token_fields: the fields whose last axis is max_length + 1 tokens.
-    """
-
-    copies: int
-    fresh: Callable
-    run: Callable
-    done: Callable
-    best: Callable
-    free_field: str
-    token_fields: tuple[str, ...]
+    rows: jax.sharding.Sharding
+    heads: jax.sharding.Sharding
 
 
-def greedy_search(*, bos_id: int, eos_id: int, pad_id: int) -> Search:
-    """Greedy search: the most likely token at each step (`argmax_token` draws nothing from its key)."""
-    special = dict(bos_id=bos_id, pad_id=pad_id)
-
-    def run(next_token_logits, rows, *, min_done):  # The key made as the program is traced: no program of its own.
-        key = jax.random.PRNGKey(0)
-        return run_greedy(
-            next_token_logits, rows, choose_token=argmax_token, rng=key, eos_id=eos_id, min_done=min_done, **special
-        )
-
-    fresh = functools.partial(greedy_rows, **special)
-    return Search(1, fresh, run, lambda rows: rows.finished, lambda rows: rows.tokens[:, 1:], 'finished', ('tokens',))
+def _put(tree, new, at: Array):
+    """`tree` with its leaves' entries `at` [n] replaced by `new`'s (past the last: dropped)."""
+    return jax.tree.map(lambda old, value: old.at[at].set(value, mode='drop'), tree, new)
 
 
-def beam_search(*, beam_size: int, alpha: float, bos_id: int, eos_id: int, pad_id: int) -> Search:
-    """Beam search with GNMT's length penalty, of which only each sentence's best hypothesis is read: a row is
-    done once that one is settled."""
-    special = dict(bos_id=bos_id, pad_id=pad_id)
-    run = functools.partial(run_beams, alpha=alpha, eos_id=eos_id, settled=1, **special)
-    fresh = functools.partial(beam_rows, beam_size=beam_size, **special)
-    done, best = functools.partial(beams_done, alpha=alpha, settled=1), lambda beams: beams.finished_tokens[:, 0, 1:]
-    return Search(beam_size, fresh, run, done, best, 'skip', ('live_tokens', 'finished_tokens'))
+def _put_rows(search: Search, rows, fresh, slots: Array):
+    """`rows` with rows `slots` [n] replaced by `fresh`'s, as each field's declared axis says."""
+    at = {Axis.ROWS: slots, Axis.COPIES: (slots[:, None] * search.copies + jnp.arange(search.copies)).ravel()}
+    news = {
+        name: _put(getattr(rows, name), getattr(fresh, name), at[axis]) for name, axis, _ in fields(rows) if axis in at
+    }
+    return dataclasses.replace(rows, **news)
 
 
-def _put_rows(search, fresh, slots: Array):
-    """`search` with rows `slots` [n] replaced by `fresh`'s (past the last row: dropped); the state's are masked."""
-
-    def put(old, new):
-        return old.at[slots].set(new, mode='drop')
-
-    names = [name for name in search._fields if name not in ('step', 'state')]
-    return search._replace(**{name: jax.tree.map(put, getattr(search, name), getattr(fresh, name)) for name in names})
-
-
-def _added_free_rows(search, added: int, free_field: str):
-    """`search` with `added` free rows after its own (zeros, marked free in `free_field`)."""
-    rows = search.budgets.shape[0]
-
-    def grow(leaf):  # A leaf of rows * copies rows grows by added * copies.
-        return jnp.pad(leaf, [(0, added * (leaf.shape[0] // rows))] + [(0, 0)] * (leaf.ndim - 1))
-
-    names = [name for name in search._fields if name != 'step']
-    grown = search._replace(**{name: jax.tree.map(grow, getattr(search, name)) for name in names})
-    return grown._replace(**{free_field: getattr(grown, free_field).at[rows:].set(True)})
-
-
-def _constrained(search, row_sharding):
-    """`search` split by rows as `row_sharding` says (None: XLA's choice): each call gets it as the last left it."""
-    if row_sharding is None:
-        return search
+def _grown(tree, rows: int, added: int):
+    """Each leaf of `tree`, [rows, ...] or [rows * copies, ...], followed by zeros for `added` more rows."""
     return jax.tree.map(
-        lambda leaf: jax.lax.with_sharding_constraint(leaf, row_sharding) if leaf.ndim else leaf, search
+        lambda leaf: jnp.pad(leaf, [(0, added * (len(leaf) // rows))] + [(0, 0)] * (leaf.ndim - 1)), tree
     )
+
+
+def _laid_out(decoding: Decoding, layout: Layout | None) -> Decoding:
+    """`decoding` split as `layout` says (None: XLA's choice): each call gets it as the last left it."""
+    if layout is None:
+        return decoding
+
+    def split(tree, sharding):
+        return jax.tree.map(lambda leaf: jax.lax.with_sharding_constraint(leaf, sharding) if leaf.ndim else leaf, tree)
+
+    rows, cache, context, sentences = decoding
+    context = {'inputs': split(context['inputs'], layout.rows), 'cross': split(context['cross'], layout.heads)}
+    return Decoding(split(rows, layout.rows), split(cache, layout.heads), context, split(sentences, layout.rows))
 
 
 @dataclasses.dataclass(frozen=True)
 class RowDecoder:
     """A `Search` over the Transformer in rows refilled as sentences end: the jitted programs and their shapes.
 
-    advance(params, decoding, block, min_done, row_sharding=) -> (decoding, report [rows, 1 + max_length]):
-        `block` admitted into the rows done at the call's start, then the search run until at least min_done
-        rows are done. A report's row: the sentence that ended there in this call (NO_SENTENCE: none), then
-        its output ids. A row's sentence is reported once: the next call takes the row back.
-    narrow(decoding, stage=, row_sharding=) -> the `Decoding` in the `Stage`'s shorter arrays and more rows
-        (static), the new ones free.
+    advance(params, decoding, block, min_done, layout=) -> (decoding, report [rows, 1 + max_length]): `block`
+        admitted into the rows done at the call's start, then the search run until at least min_done rows are
+        done. A report's row: the sentence that ended there in this call (NO_SENTENCE: none), then its output
+        ids. A row's sentence is reported once: the next call takes the row back.
+    narrow(decoding, stage=, layout=) -> the `Decoding` in the `Stage`'s shorter arrays and more rows (static),
+        the new ones free.
     """
 
     model: Transformer
     search: Search
-    pad_id: int
     advance: Callable
     narrow: Callable
 
     def empty(self, params, rows: int, source_length: int, max_length: int, place: Place) -> Decoding:
-        """The `Decoding` of `rows` free rows, made on the host: no program is compiled for it."""
+        """The `Decoding` of `rows` free rows (zeros), made on the host: no program is compiled for it."""
 
-        def fresh(params):
-            inputs, copies = jnp.zeros((rows, source_length), jnp.int32), self.search.copies
-            state = self.model.apply({'params': params}, rows * copies, max_length, method=Transformer.self_cache)
-            context = source_context(self.model, params, inputs)
-            skip, budgets = jnp.ones(rows, bool), jnp.zeros(rows, jnp.int32)
-            return self.search.fresh(state, context, skip, budgets, max_length=max_length)
+        def shapes(params):
+            inputs, nothing = jnp.zeros((rows, source_length), jnp.int32), jnp.zeros(rows, jnp.int32)
+            decoder = model_decoder(self.model, params, inputs, max_length, copies=self.search.copies)
+            return self.search.fresh(nothing, nothing, max_length=max_length), decoder.cache, decoder.context
 
-        empty = jax.tree.map(lambda leaf: np.zeros(leaf.shape, leaf.dtype), jax.eval_shape(fresh, params))
-        empty = empty._replace(**{self.search.free_field: np.ones(rows, bool)})
-        return place(Decoding(empty, np.full(rows, NO_SENTENCE, np.int32)))
+        zeros = jax.tree.map(lambda leaf: np.zeros(leaf.shape, leaf.dtype), jax.eval_shape(shapes, params))
+        return place(Decoding(*zeros, sentences=np.full(rows, NO_SENTENCE, np.int32)))
 
 
-def row_decoder(model: Transformer, search: Search, *, pad_id: int) -> RowDecoder:
+def row_decoder(model: Transformer, search: Search) -> RowDecoder:
     """The `RowDecoder` of `search` over `model`."""
 
-    def advance(params, decoding: Decoding, block: Block, min_done, *, row_sharding):
-        rows, sentences = decoding
+    def advance(params, decoding: Decoding, block: Block, min_done, *, layout):
+        rows, cache, context, sentences = decoding
+        num_rows = len(sentences)
+        check_rows(rows, num_rows, search.copies)
         # The rows done at the start were reported by the last call: they take the block, or stay free.
         free = search.done(rows)
-        slots = jnp.flatnonzero(free, size=len(block.sentences), fill_value=len(free))  # Past the last: dropped.
-        slots = jnp.where(block.sentences == NO_SENTENCE, len(free), slots)
+        slots = jnp.flatnonzero(free, size=len(block.sentences), fill_value=num_rows)  # Past the last: dropped.
+        slots = jnp.where(block.sentences == NO_SENTENCE, num_rows, slots)
         sentences = jnp.where(free, NO_SENTENCE, sentences).at[slots].set(block.sentences, mode='drop')
-        context = source_context(model, params, block.inputs)
-        max_length = getattr(rows, search.token_fields[0]).shape[-1] - 1
-        fresh = search.fresh((), context, is_filler(block.inputs, pad_id), block.budgets, max_length=max_length)
-        rows = _put_rows(rows, fresh, slots)
-        rows = search.run(functools.partial(cached_next_token_logits, model, params), rows, min_done=min_done)
-        rows, sentences = _constrained((rows, sentences), row_sharding)
+        max_length = next(getattr(rows, name).shape[-1] - 1 for name, _, tokens in fields(rows) if tokens)
+        fresh = search.fresh(block.sentences, block.budgets, max_length=max_length)
+        rows = _put_rows(search, rows, fresh, slots)
+        context = _put(context, source_context(model, params, block.inputs), slots)
+        next_token_logits = functools.partial(cached_next_token_logits, model, params)
+        rows, cache = search.run(next_token_logits, rows, cache, context, min_done=min_done)
+        decoding = _laid_out(Decoding(rows, cache, context, sentences), layout)
         ended = jnp.where(search.done(rows), sentences, NO_SENTENCE)
-        return Decoding(rows, sentences), jnp.concatenate([ended[:, None], search.best(rows)], axis=1)
+        return decoding, jnp.concatenate([ended[:, None], search.best(rows)], axis=1)
 
-    def narrow(decoding: Decoding, *, stage, row_sharding):
-        rows, sentences = decoding
-        source_length, max_length = stage.source_length, stage.max_length
-
-        def cut(caches, length):  # Leaves [rows, heads, length, d].
-            return jax.tree.map(lambda leaf: leaf[:, :, :length], caches)
-
-        inputs, cross = rows.context['inputs'][:, :source_length], cut(rows.context['cross'], source_length)
-        tokens = {name: getattr(rows, name)[..., : max_length + 1] for name in search.token_fields}
-        rows = rows._replace(**tokens, state=cut(rows.state, max_length), context={'inputs': inputs, 'cross': cross})
-        added = stage.rows - len(sentences)
-        sentences = jnp.pad(sentences, (0, added), constant_values=NO_SENTENCE)
-        return _constrained(Decoding(_added_free_rows(rows, added, search.free_field), sentences), row_sharding)
+    def narrow(decoding: Decoding, *, stage, layout):
+        rows, cache, context, sentences = decoding
+        check_rows(rows, len(sentences), search.copies)
+        tokens = {name: getattr(rows, name)[..., : stage.max_length + 1] for name, _, tokens in fields(rows) if tokens}
+        cut = lambda caches, length: jax.tree.map(lambda leaf: leaf[:, :, :length], caches)  # noqa: E731 [rows, heads, length, d]
+        context = {
+            'inputs': context['inputs'][:, : stage.source_length],
+            'cross': cut(context['cross'], stage.source_length),
+        }
+        cut_down = Decoding(dataclasses.replace(rows, **tokens), cut(cache, stage.max_length), context, sentences)
+        grown = _grown(cut_down, len(sentences), stage.rows - len(sentences))  # The new rows free: zeros.
+        return _laid_out(grown._replace(sentences=grown.sentences.at[len(sentences) :].set(NO_SENTENCE)), layout)
 
     return RowDecoder(
         model,
         search,
-        pad_id,
-        advance=jax.jit(advance, static_argnames=('row_sharding',), donate_argnums=(1,)),
-        narrow=jax.jit(narrow, static_argnames=('stage', 'row_sharding')),
+        advance=jax.jit(advance, static_argnames=('layout',), donate_argnums=(1,)),
+        narrow=jax.jit(narrow, static_argnames=('stage', 'layout')),
     )
 
 
@@ -233,35 +197,51 @@ class Stage(NamedTuple):
     block_rows: int
 
 
+def stages_of(lengths: np.ndarray, rows: Mapping[int, int], row_multiple: int, max_decode_length: int) -> list[Stage]:
+    """The `Stage`s of sources of `lengths` [n]: rows[length] at most at each stage's source length, and no more
+    than its sentences need, rounded up to a power of two of row_multiple (so that other inputs of about as many
+    sentences share its programs); never fewer than the stage before, whose live sentences keep their rows."""
+    stages, most_rows = [], 0
+    for length in stage_lengths(lengths, sorted(rows)):
+        shares = -(-int(np.sum(lengths <= length)) // row_multiple)  # Rows each device needs for them.
+        most_rows = max(most_rows, min(rows[length], row_multiple * 2 ** int(np.ceil(np.log2(shares)))))
+        block_rows = -(-int(most_rows * REFILL_SHARE) // row_multiple) * row_multiple
+        stages.append(Stage(length, decode_length(length, max_decode_length), most_rows, max(row_multiple, block_rows)))
+    return stages
+
+
 def decode_sentences(
     decoder: RowDecoder,
     params: Any,
-    sources: Sequence[np.ndarray],
+    sources: Mapping[int, np.ndarray],
     *,
     rows: Mapping[int, int],
     row_multiple: int = 1,
     max_decode_length: int,
     place: Place,
     fetch: Fetch,
-    row_sharding=None,
+    layout: Layout | None = None,
 ) -> Iterator[tuple[int, np.ndarray]]:
-    """Yields (sentence index, output ids [a stage's max_length]) of every source as each is done.
+    """Yields (sentence, output ids [a stage's max_length]) of every source as each is done.
 
-    sources: [length] int32 ids of each sentence, ending with <eos>, at most max(rows) long. rows: the sentences
-    decoded at once at each source length a stage may take (the bucket boundaries, with about as many source ids
-    each: shorter stages decode more rows). row_multiple: the devices the rows are split over, which divide every
-    stage's rows and blocks. max_decode_length caps each sentence's budget (`decode_length` of its length).
-    place, fetch: between host and device arrays; row_sharding: how rows are split (None: one device).
+    sources: {sentence: [length] int32 ids ending with <eos>, at most max(rows) long}, the sentence a number (which
+    sampling keys on). rows: the most sentences decoded at once at each source length a stage may take (the bucket
+    boundaries, with about as many source ids each: shorter stages decode more rows). row_multiple: the devices
+    the rows are split over, which divide every stage's rows and blocks. max_decode_length caps each sentence's
+    budget (`decode_length` of its length). place, fetch: between host and device arrays; layout: how rows and
+    caches are split (None: one device).
     """
     if not len(sources):
         return
-    lengths = np.array([len(source) for source in sources])
-    stages, most_rows = [], 0
-    for length in stage_lengths(lengths, sorted(rows)):
-        most_rows = max(most_rows, rows[length])  # Rows never fall: live sentences keep theirs.
-        block_rows = -(-int(most_rows * REFILL_SHARE) // row_multiple) * row_multiple
-        stages.append(Stage(length, decode_length(length, max_decode_length), most_rows, max(row_multiple, block_rows)))
-    queue = deque(np.argsort(-lengths, kind='stable').tolist())
+    lengths = {sentence: len(ids) for sentence, ids in sources.items()}
+    longest = max(lengths, key=lengths.get)
+    if lengths[longest] > max(rows):
+        raise ValueError(
+            f'Sentence {longest} has {lengths[longest]} source ids, more than the longest stage takes ({max(rows)}): '
+            'cut sources to it first (input_pipeline.batching.cut_keeping_eos).'
+        )
+    stages = stages_of(np.array(list(lengths.values())), rows, row_multiple, max_decode_length)
+    queue = deque(sorted(lengths, key=lambda sentence: -lengths[sentence]))
     stage = stages.pop(0)
     decoding = decoder.empty(params, stage.rows, stage.source_length, stage.max_length, place)
     unread, report = set(), None  # Sentences admitted and not yet read; the last call's report.
@@ -269,12 +249,12 @@ def decode_sentences(
         fits_next = lambda length: bool(stages) and length <= stages[0].source_length  # noqa: E731
         while stages and all(fits_next(lengths[s]) for s in unread) and fits_next(lengths[queue[0]]):
             stage = stages.pop(0)
-            decoding = decoder.narrow(decoding, stage=stage, row_sharding=row_sharding)
-        block = _next_block(sources, lengths, queue, stage, max_decode_length, decoder.pad_id)
+            decoding = decoder.narrow(decoding, stage=stage, layout=layout)
+        block = _next_block(sources, lengths, queue, stage, max_decode_length, decoder.search.special.pad)
         unread.update(block.sentences[block.sentences != NO_SENTENCE].tolist())
         # Done rows (free ones count) take the next block: a block's worth, or at the end every row.
         min_done = stage.block_rows if queue else stage.rows
-        decoding, next_report = decoder.advance(params, decoding, place(block), min_done, row_sharding=row_sharding)
+        decoding, next_report = decoder.advance(params, decoding, place(block), min_done, layout=layout)
         if report is not None:  # Read while the call just dispatched runs.
             yield from _read(fetch(report), unread)
         report = next_report
@@ -292,7 +272,7 @@ def _read(report: np.ndarray, unread: set) -> Iterator[tuple[int, np.ndarray]]:
 
 
 def _next_block(sources, lengths, queue: deque, stage: Stage, max_decode_length: int, pad_id: int) -> Block:
-    """The next queued sentences, up to a block, as a `Block` of the stage's source length."""
+    """The next queued sentences, up to a block, as a `Block` of the stage's source length (the rest: budget 0)."""
     inputs = np.full((stage.block_rows, stage.source_length), pad_id, np.int32)
     budgets = np.zeros(stage.block_rows, np.int32)
     sentences = np.full(stage.block_rows, NO_SENTENCE, np.int32)

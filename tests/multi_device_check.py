@@ -33,15 +33,16 @@ from common.special_ids import BOS_ID, EOS_ID
 from configs import default
 from input_pipeline.batching import ParallelIds, RaggedIds
 from models.build import make_model
-from models.decoding import generate
-from models.search import argmax_token
+from models.decoding import decode_batch
+from models.search import SpecialIds
+from models.token_search import TokenSearch, argmax_token
 from training import loop
 from training.checkpoints.checkpointer import Checkpointer
 from training.optimizer import make_optimizer
 from training.runtime import sharding
 from training.state import initial_state, state_shardings
 from training.steps import compile_train_step, eval_step
-from training.tasks import classification, translation_eval
+from training.tasks import classification, translation_decoding, translation_eval
 
 NUM_STEPS = 5
 PARAM_ATOL = 2e-5  # Adam's first steps move every weight by ~ the learning rate, 3e-3 here.
@@ -148,9 +149,8 @@ def _assert(condition, message):
 def _evaluate(params, config, mesh, model, batch):
     """Eval sums and greedy translations on `mesh`, with `params` sharded as they are."""
     sums = jax.jit(lambda p, b: eval_step(p, b, model=model))(params, sharding.shard_batch(batch, mesh))
-    decode = jax.jit(
-        lambda p, x: generate(p, x, model=model, choose_token=argmax_token, max_length=10, bos_id=BOS_ID, eos_id=EOS_ID)
-    )
+    greedy = TokenSearch(argmax_token, SpecialIds(bos=BOS_ID, eos=EOS_ID, pad=0))
+    decode = jax.jit(lambda p, x: greedy.best(decode_batch(greedy, model, p, x, max_length=10)))
     tokens = decode(params, sharding.shard_batch(batch, mesh)["inputs"])
     return jax.device_get(sums), np.asarray(tokens)
 
@@ -222,7 +222,8 @@ def _evaluate_split(params, config, mesh, model, pairs: ParallelIds):
     """Loss metrics, translations and batch sizes of `pairs` through evaluation's batching, rows and placement."""
     setup = translation_eval.eval_setup(config, model, None, mesh)
     metrics = translation_eval.loss_metrics(setup, params, pairs)
-    return metrics, translation_eval.translate_ids(setup, params, pairs.sources), setup.batch_sizes
+    translations = translation_decoding.translate_ids(setup.translator, params, pairs.sources)
+    return metrics, translations, setup.translator.rows
 
 
 def check_classifier() -> None:

@@ -14,11 +14,32 @@ from conftest import TINY_MODEL
 from tolerances import FLOAT32_EPS, rounding_tolerance, transformer_operations
 
 from models import Transformer
-from models.beam_search import beam_rows, beam_search_loop, length_penalty, run_beams, top_extensions
-from models.decoding import beam_search, decode_length, generate
-from models.search import NEG_INF, argmax_token, sampled_token, search_loop
+from models.beam_search import BeamSearch, length_penalty, top_extensions
+from models.decoding import decode_batch, decode_length
+from models.search import NEG_INF, SpecialIds
+from models.token_search import TokenSearch, argmax_token, sampled_token
 
 BOS, EOS, PAD = 2, 3, 0
+SPECIAL = SpecialIds(bos=BOS, eos=EOS, pad=PAD)
+GREEDY = TokenSearch(argmax_token, SPECIAL)
+
+
+def _beams(beam_size, alpha, settled=None):
+    """Beam search that settles every hypothesis (settled None: all beam_size), to read them all."""
+    return BeamSearch(beam_size, alpha, SPECIAL, beam_size if settled is None else settled)
+
+
+def _translated(search, model, params, inputs, max_length, **kwargs):
+    """[batch, max_length] outputs of `search` on `inputs`, jitted (kwargs: decode_batch's)."""
+    run = functools.partial(decode_batch, search, model, max_length=max_length, **kwargs)
+    return search.best(jax.jit(run)(params, inputs))
+
+
+def _all_beams(search, model, params, inputs, max_length, **kwargs):
+    """Every settled hypothesis [batch, settled, max_length] of a beam search, best first, and its score."""
+    run = functools.partial(decode_batch, search, model, max_length=max_length, **kwargs)
+    beams = jax.jit(run)(params, inputs)
+    return beams.finished_tokens[:, : search.settled, 1:], beams.finished_scores[:, : search.settled]
 
 
 def _model(dtype="float32", norm_placement="pre", positional_encoding="sinusoidal", vocab_size=40):
@@ -92,9 +113,8 @@ def test_cached_greedy_equals_uncached_greedy(dtype):
     model, params, inputs = _model(dtype=dtype)
     # Larger weights make an untrained model's choices depend on the source and the prefix.
     params = jax.tree.map(lambda x: 5.0 * x, params)
-    kwargs = dict(model=model, choose_token=argmax_token, max_length=10, bos_id=BOS, eos_id=EOS)
-    cached = jax.jit(functools.partial(generate, **kwargs))(params, inputs)
-    uncached = jax.jit(functools.partial(generate, use_cache=False, **kwargs))(params, inputs)
+    cached = _translated(GREEDY, model, params, inputs, 10)
+    uncached = _translated(GREEDY, model, params, inputs, 10, use_cache=False)
     assert cached.shape == (3, 10)
     assert len(np.unique(np.asarray(cached))) >= 5, cached  # Not one token repeated.
     np.testing.assert_array_equal(cached, uncached)
@@ -103,7 +123,7 @@ def test_cached_greedy_equals_uncached_greedy(dtype):
 def test_all_padding_rows_stay_padding():
     model, params, inputs = _model()
     inputs = inputs.at[2].set(PAD)
-    out = generate(params, inputs, model=model, choose_token=argmax_token, max_length=6, bos_id=BOS, eos_id=EOS)
+    out = _translated(GREEDY, model, params, inputs, 6)
     np.testing.assert_array_equal(out[2], np.zeros(6))
 
 
@@ -124,14 +144,16 @@ def _scripted_model(probabilities_by_step):
     return next_token_logits
 
 
-def _search(next_token_logits, choose=argmax_token, rows=2, max_length=6, rng=None, finished=None):
-    finished = jnp.zeros(rows, bool) if finished is None else finished
-    rng = jax.random.PRNGKey(0) if rng is None else rng
-    return jax.jit(
-        lambda: search_loop(
-            next_token_logits, choose, (), finished, rng, max_length=max_length, bos_id=BOS, eos_id=EOS, pad_id=PAD
-        )
-    )()
+def _run(search, next_token_logits, rows=2, max_length=6, budgets=None, context=()):
+    """The rows of `rows` sentences that `search` decodes to the end with a scripted next_token_logits."""
+    budgets = jnp.full(rows, max_length, jnp.int32) if budgets is None else jnp.asarray(budgets)
+    fresh = search.fresh(jnp.arange(rows, dtype=jnp.int32), budgets, max_length=max_length)
+    return search.run(next_token_logits, fresh, (), context)[0]
+
+
+def _search(next_token_logits, choose=argmax_token, rows=2, max_length=6):
+    search = TokenSearch(choose, SPECIAL)
+    return search.best(jax.jit(lambda: _run(search, next_token_logits, rows, max_length))())
 
 
 def test_search_loop_stops_at_eos_and_pads_after_it():
@@ -151,9 +173,7 @@ def test_search_loop_exits_early_once_every_row_has_finished():
         jax.debug.callback(lambda p: steps_run.append(int(p[0])), positions)
         return _scripted_model({0: {5: 0.9}, 1: {EOS: 0.9}})(positions, tokens, state, context)
 
-    out = search_loop(
-        next_token_logits, argmax_token, (), jnp.zeros(2, bool), jax.random.PRNGKey(0), max_length=8, **_IDS
-    )
+    out = GREEDY.best(_run(GREEDY, next_token_logits, max_length=8))
     jax.effects_barrier()
     assert steps_run == [0, 1]  # Two steps of eight.
     np.testing.assert_array_equal(out[:, :3], [[5, EOS, PAD]] * 2)
@@ -163,9 +183,6 @@ def test_pad_and_bos_are_never_generated():
     # The script makes <pad> and <bos> the most likely tokens; decoding must skip them.
     out = _search(_scripted_model({0: {PAD: 0.5, BOS: 0.3, 7: 0.2}, 1: {PAD: 0.6, EOS: 0.4}}))
     np.testing.assert_array_equal(out[:, :3], [[7, EOS, PAD]] * 2)
-
-
-_IDS = dict(bos_id=BOS, eos_id=EOS, pad_id=PAD)
 
 
 # --------------------------------------------------------------------------- #
@@ -192,18 +209,17 @@ def test_sampling_follows_the_tempered_distribution(temperature, top_k, expected
     np.testing.assert_array_equal(out[:, 1], EOS)
 
 
-def test_sampling_is_reproducible_and_depends_on_the_key():
+def test_sampling_is_reproducible_and_depends_on_the_seed():
     model, params, inputs = _model()
     params = jax.tree.map(lambda x: 3.0 * x, params)
-    sample = jax.jit(functools.partial(generate, model=model, choose_token=sampled_token(1.0), max_length=10, **_IDS))
-    a, b = sample(params, inputs, jax.random.PRNGKey(7)), sample(params, inputs, jax.random.PRNGKey(7))
-    np.testing.assert_array_equal(a, b)
-    c = sample(params, inputs, jax.random.PRNGKey(8))
-    assert not np.array_equal(a, c)
+
+    def sample(seed, temperature=1.0):
+        return _translated(TokenSearch(sampled_token(temperature), SPECIAL, seed), model, params, inputs, 10)
+
+    np.testing.assert_array_equal(sample(7), sample(7))
+    assert not np.array_equal(sample(7), sample(8))
     # A near-zero temperature is greedy.
-    cold = jax.jit(functools.partial(generate, model=model, choose_token=sampled_token(1e-4), max_length=10, **_IDS))
-    greedy = generate(params, inputs, model=model, choose_token=argmax_token, max_length=10, **_IDS)
-    np.testing.assert_array_equal(cold(params, inputs, jax.random.PRNGKey(7)), greedy)
+    np.testing.assert_array_equal(sample(7, 1e-4), _translated(GREEDY, model, params, inputs, 10))
 
 
 # --------------------------------------------------------------------------- #
@@ -211,13 +227,10 @@ def test_sampling_is_reproducible_and_depends_on_the_key():
 # --------------------------------------------------------------------------- #
 
 
-def _beam(next_token_logits, *, beam_size, alpha, max_length=6, skip=None, state=()):
-    skip = jnp.zeros(1, bool) if skip is None else skip
-    return jax.jit(
-        lambda: beam_search_loop(
-            next_token_logits, state, skip, beam_size=beam_size, alpha=alpha, max_length=max_length, **_IDS
-        )
-    )()
+def _beam(next_token_logits, *, beam_size, alpha, max_length=6):
+    """Every hypothesis [1, beam_size, max_length] of one sentence's beam search, best first, and their scores."""
+    beams = jax.jit(lambda: _run(_beams(beam_size, alpha), next_token_logits, 1, max_length))()
+    return beams.finished_tokens[:, :, 1:], beams.finished_scores
 
 
 def _score_tolerance(model, source_length: int, max_length: int, logits) -> float:
@@ -258,11 +271,9 @@ def test_beam_search_exits_early_and_pads_after_eos():
         jax.debug.callback(lambda p: steps_run.append(int(p[0])), positions)
         return scripted(positions, tokens, state, context)
 
-    tokens, _ = beam_search_loop(
-        next_token_logits, (), jnp.zeros(1, bool), beam_size=2, alpha=0.6, max_length=12, **_IDS
-    )
+    beams = _run(_beams(2, 0.6), next_token_logits, rows=1, max_length=12)
     jax.effects_barrier()
-    np.testing.assert_array_equal(tokens[0, :, :4], [[5, EOS, PAD, PAD], [6, EOS, PAD, PAD]])
+    np.testing.assert_array_equal(beams.finished_tokens[0, :, 1:5], [[5, EOS, PAD, PAD], [6, EOS, PAD, PAD]])
     assert len(steps_run) < 12, steps_run  # No live hypothesis can beat the two finished ones.
 
 
@@ -272,10 +283,7 @@ def test_beam_search_finds_the_exhaustive_best():
     params = jax.tree.map(lambda x: 4.0 * x, params)  # Peaked, source-dependent distributions.
     inputs = inputs[:2]
     max_length, alpha = 3, 0.6
-    tokens, scores = jax.jit(
-        functools.partial(beam_search, model=model, beam_size=64, alpha=alpha, max_length=max_length, **_IDS),
-        static_argnames=("return_all",),
-    )(params, inputs, return_all=True)
+    tokens, scores = _all_beams(_beams(64, alpha), model, params, inputs, max_length)
 
     # Every output the model can produce: up to max_length tokens of {1, 3, 4, 5}
     # (never <pad> or <bos>), ending at the first <eos> or at max_length.
@@ -314,31 +322,28 @@ def test_beam_search_finds_the_exhaustive_best():
 def test_beam_size_one_equals_greedy(dtype):
     model, params, inputs = _model(dtype=dtype)
     params = jax.tree.map(lambda x: 5.0 * x, params)
-    beam = jax.jit(functools.partial(beam_search, model=model, beam_size=1, alpha=0.0, max_length=10, **_IDS))
-    greedy = jax.jit(functools.partial(generate, model=model, choose_token=argmax_token, max_length=10, **_IDS))
-    np.testing.assert_array_equal(beam(params, inputs), greedy(params, inputs))
+    beam = _translated(BeamSearch(1, 0.0, SPECIAL), model, params, inputs, 10)
+    np.testing.assert_array_equal(beam, _translated(GREEDY, model, params, inputs, 10))
 
 
 def test_cached_beam_search_equals_uncached():
     model, params, inputs = _model()
     params = jax.tree.map(lambda x: 5.0 * x, params)
-    kwargs = dict(model=model, beam_size=4, alpha=0.6, max_length=10, return_all=True, **_IDS)
-    cached_tokens, cached_scores = jax.jit(functools.partial(beam_search, **kwargs))(params, inputs)
-    uncached_tokens, uncached_scores = jax.jit(functools.partial(beam_search, use_cache=False, **kwargs))(
-        params, inputs
-    )
+    max_length = 10
+    cached_tokens, cached_scores = _all_beams(_beams(4, 0.6), model, params, inputs, max_length)
+    uncached_tokens, uncached_scores = _all_beams(_beams(4, 0.6), model, params, inputs, max_length, use_cache=False)
     assert len(np.unique(np.asarray(cached_tokens))) >= 5
     np.testing.assert_array_equal(cached_tokens, uncached_tokens)
     # Scores of magnitude ~8 differed by ~1e-5 relative between two x86-64 CPUs: bound them by the arithmetic.
     logits = model.apply({"params": params}, inputs, cached_tokens[:, 0], deterministic=True)
-    atol = _score_tolerance(model, inputs.shape[1], kwargs["max_length"], logits)
+    atol = _score_tolerance(model, inputs.shape[1], max_length, logits)
     np.testing.assert_allclose(cached_scores, uncached_scores, rtol=0, atol=atol)
 
 
 def test_beam_search_leaves_padding_rows_as_padding():
     model, params, inputs = _model()
     inputs = inputs.at[2].set(PAD)
-    out = beam_search(params, inputs, model=model, beam_size=3, alpha=0.6, max_length=6, **_IDS)
+    out = _translated(BeamSearch(3, 0.6, SPECIAL), model, params, inputs, 6)
     np.testing.assert_array_equal(out[2], np.zeros(6))
     assert np.all(np.asarray(out[:2, 0]) != PAD)
 
@@ -371,23 +376,10 @@ def test_a_rows_output_depends_on_its_budget_not_on_the_batchs_length(search):
     """Decoded with budgets [3, 7, 10] in arrays of 10, each row is what it is decoded alone at its budget."""
     next_token_logits = _markov_model()
 
+    searcher = GREEDY if search == "greedy" else BeamSearch(3, 0.6, SPECIAL)
+
     def decode(rows: int, max_length: int, budgets=None):
-        if search == "greedy":
-            finished, rng = jnp.zeros(rows, bool), jax.random.PRNGKey(0)
-            return search_loop(
-                next_token_logits, argmax_token, (), finished, rng, max_length=max_length, budgets=budgets, **_IDS
-            )
-        tokens, _ = beam_search_loop(
-            next_token_logits,
-            (),
-            jnp.zeros(rows, bool),
-            beam_size=3,
-            alpha=0.6,
-            max_length=max_length,
-            budgets=budgets,
-            **_IDS,
-        )
-        return tokens[:, 0]
+        return searcher.best(_run(searcher, next_token_logits, rows, max_length, budgets))
 
     budgets = np.array([3, 7, 10], np.int32)
     together = np.asarray(decode(3, 10, budgets))
@@ -415,39 +407,16 @@ def test_a_row_done_once_its_best_is_settled_keeps_the_best_of_a_search_run_to_e
         return table[row, jnp.take_along_axis(tokens, positions[:, None], axis=1)[:, 0]], state
 
     context = jnp.repeat(jnp.arange(rows), beam_size)
-    runs = {}
-    for settled in (1, 0):
-        beams = beam_rows(
-            (),
-            context,
-            jnp.zeros(rows, bool),
-            budgets,
-            beam_size=beam_size,
-            max_length=max_length,
-            bos_id=BOS,
-            pad_id=PAD,
-        )
-        runs[settled] = run_beams(
-            next_token_logits, beams, alpha=alpha, eos_id=EOS, bos_id=BOS, pad_id=PAD, settled=settled
-        )
+    runs = {
+        settled: _run(_beams(beam_size, alpha, settled), next_token_logits, rows, max_length, budgets, context)
+        for settled in (1, 0)
+    }
     np.testing.assert_array_equal(runs[1].finished_tokens[:, 0], runs[0].finished_tokens[:, 0])
     np.testing.assert_array_equal(runs[1].finished_scores[:, 0], runs[0].finished_scores[:, 0])
     # A done row's position stops: rows stop sooner (or the rule shows nothing), some before their budget.
     sooner, later = np.asarray(runs[1].positions), np.asarray(runs[0].positions)
     np.testing.assert_array_equal(later, budgets)
     assert np.all(sooner <= later) and np.any(sooner < later), (sooner, later)
-
-
-def test_beam_search_returns_only_the_hypotheses_it_settled():
-    """A search asked to settle the best hypothesis returns that one alone: the others may still change."""
-    scripted = _scripted_model({0: {5: 0.6, 6: 0.4}, 1: {EOS: 0.9, 7: 0.1}})
-    tokens, scores = jax.jit(
-        lambda: beam_search_loop(
-            scripted, (), jnp.zeros(1, bool), beam_size=2, alpha=0.6, max_length=6, settled=1, **_IDS
-        )
-    )()
-    assert tokens.shape == (1, 1, 6) and scores.shape == (1, 1)
-    np.testing.assert_array_equal(tokens[0, 0, :3], [5, EOS, PAD])
 
 
 def test_top_extensions_compile_to_topk_routines_not_sorts_on_the_cpu():

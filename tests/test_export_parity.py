@@ -26,10 +26,11 @@ from exporting.network import network_from_params
 from input_pipeline import tokenizer as tokenizer_lib
 from input_pipeline.batching import RaggedIds
 from models import Transformer
-from models.decoding import decode_length, generate
-from models.search import argmax_token
+from models.decoding import decode_batch, decode_length
+from models.search import SpecialIds
+from models.token_search import TokenSearch, argmax_token
 from training import inference
-from training.tasks import translation_eval
+from training.tasks import translation_decoding
 
 ctranslate2 = pytest.importorskip("ctranslate2")
 torch = pytest.importorskip("torch")
@@ -120,14 +121,15 @@ class Ours:
     def _translate_ids(self, beam_size: int, length_penalty: float | None) -> list[list[int]]:
         config = self.config.copy_and_resolve_references()
         # One bucket: the sentences in one batch, one compiled decoding. Each output has its own
-        # sentence's budget whatever batch it is in (translation_eval.translate_ids).
+        # sentence's budget whatever batch it is in (translation_decoding.translate_ids).
         config.dataset.bucket_boundaries = (config.dataset.max_length,)
         config.eval.beam_size = beam_size
         if length_penalty is not None:
             config.eval.length_penalty = length_penalty
-        setup = translation_eval.eval_setup(config, self.trained.model, self.trained.tokenizer, self.trained.mesh)
-        sources = [self.trained.tokenizer.encode(s) + [EOS_ID] for s in self.sentences]
-        return translation_eval.translate_ids(setup, self.trained.params, RaggedIds.from_lists(sources))
+        trained = self.trained
+        translator = translation_decoding.translator(config, trained.model, trained.tokenizer, trained.mesh)
+        sources = [trained.tokenizer.encode(s) + [EOS_ID] for s in self.sentences]
+        return translation_decoding.translate_ids(translator, trained.params, RaggedIds.from_lists(sources))
 
     def budgets(self) -> list[int]:
         """Each sentence's output budget in our decoding: `decode_length` of its source, <eos> included."""
@@ -645,9 +647,9 @@ def over_long(ours) -> OverLong:
     sp = ours.trained.tokenizer
     assert len(sp.encode(line)) + 1 > ours.trained.model.config.max_len  # Whole, it fails in both engines.
     cut, _ = tokenizer_lib.encode_sources(sp, [line], config.dataset.max_length)
-    setup = translation_eval.eval_setup(config, ours.trained.model, sp, ours.trained.mesh)
+    translator = translation_decoding.translator(config, ours.trained.model, sp, ours.trained.mesh)
     # What translate.py runs: inference.translate_lines with the run's dataset.max_length.
-    [text] = inference.translate_lines(setup, ours.trained.params, [line], config.dataset.max_length)
+    [text] = inference.translate_lines(translator, ours.trained.params, [line], config.dataset.max_length)
     assert text, "the model translates the line to nothing"
     budget = decode_length(config.dataset.max_length, config.eval.max_decode_length)
     return OverLong(line, cut[0].tolist(), text, budget)
@@ -819,16 +821,8 @@ def test_ctranslate2_untrained_models_score_and_decode_as_ours(tmp_path, fields)
     print(f"ctranslate2, {fields}: max |log-probability difference| {difference:.3g}, tolerance {tolerance:.3g}")
     assert difference <= tolerance
     # Greedy decoding runs the decoder a position at a time on cached keys (rotated ones, with rotary).
-    ours = generate(
-        params,
-        _padded(_with_eos(sources)),
-        model=model,
-        choose_token=argmax_token,
-        max_length=12,
-        bos_id=BOS_ID,
-        eos_id=EOS_ID,
-        pad_id=PAD_ID,
-    )
+    greedy = TokenSearch(argmax_token, SpecialIds(bos=BOS_ID, eos=EOS_ID, pad=PAD_ID))
+    ours = greedy.best(decode_batch(greedy, model, params, _padded(_with_eos(sources)), max_length=12))
     theirs = translator.translate_batch(source_pieces, beam_size=1, max_decoding_length=12)
     assert all(len(r.hypotheses[0]) >= 3 for r in theirs)  # Long enough to see positions 0, 1, 2, ...
     assert [[pieces.index(p) for p in r.hypotheses[0]] for r in theirs] == [

@@ -30,11 +30,13 @@ from tolerances import loss_rtol, rounding_tolerance, transformer_operations
 from common.errors import UserInputError
 from models import Classifier, ClassifierConfig, Transformer
 from models.attention import MultiHeadAttention, causal_mask, dot_product_attention, segment_mask
+from models.beam_search import BeamSearch
 from models.build import make_model
-from models.decoding import beam_search, generate
+from models.decoding import decode_batch
 from models.decoding_checks import decoding_memory_bytes
 from models.positions import RelativeTerms, relative_distances, rotate
-from models.search import argmax_token
+from models.search import SpecialIds
+from models.token_search import TokenSearch, argmax_token
 from training.config_checks import validate_config
 from training.reporting import attention_weights
 
@@ -321,14 +323,20 @@ def test_cached_greedy_and_beam_search_equal_their_uncached_runs(variant):
     model, params, inputs = _decoding_model(variant)
     # Larger weights make an untrained model's choices depend on the source and the prefix.
     params = jax.tree.map(lambda x: 5.0 * x, params)
-    kwargs = dict(model=model, max_length=10, bos_id=BOS, eos_id=EOS)
-    greedy = functools.partial(generate, choose_token=argmax_token, **kwargs)
-    cached = jax.jit(greedy)(params, inputs)
+    special = SpecialIds(bos=BOS, eos=EOS, pad=0)
+    greedy, beam = TokenSearch(argmax_token, special), BeamSearch(3, 0.6, special, settled=3)
+
+    def decode(search, use_cache):
+        return jax.jit(functools.partial(decode_batch, search, model, max_length=10, use_cache=use_cache))(
+            params, inputs
+        )
+
+    cached = greedy.best(decode(greedy, True))
     assert len(np.unique(np.asarray(cached))) >= 5, cached  # Not one token repeated.
-    np.testing.assert_array_equal(cached, jax.jit(functools.partial(greedy, use_cache=False))(params, inputs))
-    beam = functools.partial(beam_search, beam_size=3, alpha=0.6, return_all=True, **kwargs)
-    tokens, scores = jax.jit(beam)(params, inputs)
-    uncached_tokens, uncached_scores = jax.jit(functools.partial(beam, use_cache=False))(params, inputs)
+    np.testing.assert_array_equal(cached, greedy.best(decode(greedy, False)))
+    (tokens, scores), (uncached_tokens, uncached_scores) = (
+        (beams.finished_tokens[..., 1:], beams.finished_scores) for beams in (decode(beam, True), decode(beam, False))
+    )
     assert tokens.shape == (3, 3, 10) and np.all(np.asarray(scores) > -1e8)
     # The best hypotheses are the same. A lower one may be another with the same score up to
     # rounding (a near tie with a candidate the beam drops): with LLVM's code generation

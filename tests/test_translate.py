@@ -1,5 +1,6 @@
 """The translate CLI and evaluation with beam search, on a tiny trained run."""
 
+import dataclasses
 import json
 import os
 import shutil
@@ -11,9 +12,11 @@ from conftest import REPO_ROOT, compiled_programs, copy_of_trained_tiny_run, run
 
 from common.special_ids import EOS_ID
 from input_pipeline.batching import RaggedIds
+from models import continuous_batching
+from models.beam_search import BeamSearch
 from training import inference
 from training.reporting import attention_maps, attention_page
-from training.tasks import translation_eval
+from training.tasks import translation_decoding
 
 pytestmark = pytest.mark.slow
 
@@ -40,17 +43,25 @@ def test_translate_keeps_one_line_per_input_line(trained_workdir):
     assert "beam 2, alpha 0.6" in result.stderr
 
 
-def test_translate_from_a_file_equals_stdin_and_greedy_equals_beam_one(trained_workdir, tmp_path):
+def test_translate_from_a_file_equals_stdin_and_greedy_equals_a_beam_search_of_width_one(trained_workdir, tmp_path):
+    lines = ["Click OK.", "Select a cell.", "Close the dialog without saving the document."]
     source = tmp_path / "in.en"
-    source.write_text("Click OK.\nSelect a cell.\n", encoding="utf-8")
+    source.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
     out = tmp_path / "out.de"
     from_file = run_entry_point("translate.py", f"--workdir={trained_workdir}", f"--input={source}", f"--output={out}")
     assert from_file.returncode == 0, from_file.stderr[-3000:]
-    beam_one = run_entry_point(
-        "translate.py", f"--workdir={trained_workdir}", "--beam_size=1", stdin=source.read_text(encoding="utf-8")
-    )
-    assert out.read_text(encoding="utf-8") == beam_one.stdout
-    assert len(beam_one.stdout.splitlines()) == 2
+    from_stdin = run_entry_point("translate.py", f"--workdir={trained_workdir}", stdin=source.read_text("utf-8"))
+    assert out.read_text(encoding="utf-8") == from_stdin.stdout
+    assert len(from_stdin.stdout.splitlines()) == len(lines)
+    # translate.py's --beam_size=1 is greedy search: run a real beam search of width 1 (at alpha 0 it keeps the
+    # most likely extension of its one hypothesis, and stops once a finished one beats it).
+    config = inference.load_config(trained_workdir)
+    trained = inference.load_trained_model(config, trained_workdir)
+    translator = translation_decoding.translator(config, trained.model, trained.tokenizer, trained.mesh)
+    beam = BeamSearch(1, 0.0, translation_decoding.SPECIAL_IDS)
+    translator = dataclasses.replace(translator, decoder=continuous_batching.row_decoder(trained.model, beam))
+    beam_one = inference.translate_lines(translator, trained.params, lines, config.dataset.max_length)
+    assert beam_one == from_stdin.stdout.splitlines()
 
 
 def test_translate_keeps_its_compiled_decoding_in_the_runs_cache_folder(trained_workdir, tmp_path):
@@ -244,12 +255,12 @@ def test_translating_sources_of_every_bucket_compiles_a_program_a_stage_and_one_
     config = inference.load_config(trained_workdir)
     config.eval.beam_size = beam_size
     trained = inference.load_trained_model(config, trained_workdir)
-    setup = translation_eval.eval_setup(config, trained.model, trained.tokenizer, trained.mesh)
+    translator = translation_decoding.translator(config, trained.model, trained.tokenizer, trained.mesh)
     longest = config.dataset.bucket_boundaries[-1]
-    sentences = 3 * max(setup.batch_sizes.values())
+    sentences = 3 * max(translator.rows.values())
     sources = [[5 + i % 7] * (1 + i % longest) + [EOS_ID] for i in range(sentences)]  # Some cut.
     with compiled_programs() as programs:
-        outputs = translation_eval.translate_ids(setup, trained.params, RaggedIds.from_lists(sources))
+        outputs = translation_decoding.translate_ids(translator, trained.params, RaggedIds.from_lists(sources))
     assert len(outputs) == len(sources) and all(outputs)
     assert len(programs) == 3, programs  # advance at each stage, narrow once.
 
@@ -262,7 +273,7 @@ def test_beam_search_batches_hold_as_many_hypotheses_as_greedy_batches_hold_sent
     def batch_sizes(beam_size):
         beam_config = config.copy_and_resolve_references()
         beam_config.eval.beam_size = beam_size
-        return translation_eval.eval_setup(beam_config, trained.model, trained.tokenizer, trained.mesh).batch_sizes
+        return translation_decoding.translator(beam_config, trained.model, trained.tokenizer, trained.mesh).rows
 
     greedy, beam = batch_sizes(1), batch_sizes(4)
     assert greedy.keys() == beam.keys()

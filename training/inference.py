@@ -25,11 +25,11 @@ from models.build import is_classification, make_model
 from training.checkpoints.checkpointer import Checkpointer, Selection
 from training.runtime import sharding
 from training.state import init_boxed_params
-from training.tasks import translation_eval
+from training.tasks import translation_decoding
 
 
 def save_config(config: ml_collections.ConfigDict, workdir: str) -> None:
-    """Writes the run's config to <workdir>/config.json, for translate.py and later translation_eval."""
+    """Writes the run's config to <workdir>/config.json, for translate.py and later evaluation."""
     path = Workdir(workdir).config
     with io_errors.naming(path), open(path + ".tmp", "w", encoding="utf-8") as f:
         f.write(config.to_json_best_effort(indent=2, sort_keys=True))
@@ -110,19 +110,21 @@ def load_trained_model(config: ml_collections.ConfigDict, workdir: str, checkpoi
 
 
 def translate_lines(
-    setup: translation_eval.EvalSetup, params, lines: Sequence[str], max_source_length: int
+    translator: translation_decoding.Translator, params, lines: Sequence[str], max_source_length: int
 ) -> list[str]:
     """Translations of raw sentences, one per line, in order; an empty line gives an empty line.
 
     Args:
-        setup: decoding, batching and the tokenizer.
+        translator: config.eval's decoding, its rows and the tokenizer.
         params: the model parameters.
         lines: source sentences.
         max_source_length: longer sources (in subwords, with <eos>) are cut to it, with a warning.
     """
-    sources, cut = tokenizer_lib.encode_sources(setup.tokenizer, [line.strip() for line in lines], max_source_length)
+    sources, cut = tokenizer_lib.encode_sources(
+        translator.tokenizer, [line.strip() for line in lines], max_source_length
+    )
     for i in cut:
         logging.warning(
             "Line %d is longer than %d subwords; only its beginning is translated.", i + 1, max_source_length
         )
-    return [setup.tokenizer.decode(ids) for ids in translation_eval.translate_ids(setup, params, sources)]
+    return translation_decoding.translate(translator, params, sources)

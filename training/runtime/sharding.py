@@ -73,6 +73,14 @@ def batch_sharding(mesh: Mesh, rules: LogicalRules = BATCH_RULES) -> NamedShardi
     return NamedSharding(mesh, PartitionSpec(axes or None))
 
 
+def decoding_cache_sharding(mesh: Mesh, rules: LogicalRules) -> NamedSharding:
+    """Splits attention caches [rows, heads, length, d] as a batch by rows, and by heads as the attention's
+    parameters are (the mesh axes of 'heads': the tensor axis), so that each device holds its own heads' keys."""
+    rows = tuple(axis for axis in mesh_axes_of(BATCH, rules) if axis in mesh.axis_names)
+    heads = tuple(axis for axis in mesh_axes_of("heads", rules) if axis in mesh.axis_names)
+    return NamedSharding(mesh, PartitionSpec(rows or None, heads or None))
+
+
 @functools.lru_cache(maxsize=64)
 def _process_rows(global_rows: int, mesh: Mesh, rules: tuple) -> slice:
     index_map = batch_sharding(mesh, rules).addressable_devices_indices_map((global_rows,))

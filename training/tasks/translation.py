@@ -28,6 +28,7 @@ from training.reporting.metrics_writer import MetricWriter
 from training.runtime import sharding
 from training.steps import LossFn, translation_loss
 from training.tasks import translation_eval
+from training.tasks.translation_decoding import translate
 
 
 def _head(text: TextPairs, ids: batching.ParallelIds, n: int) -> tuple[TextPairs, batching.ParallelIds]:
@@ -111,7 +112,9 @@ class TranslationEvaluator:
         valid = translation_eval.loss_metrics(self.setup, params, self.corpus.ids[split])
         if self.config.eval.num_bleu_sentences:
             text, ids = _head(self.corpus.text[split], self.corpus.ids[split], self.config.eval.num_bleu_sentences)
-            valid["bleu"], _ = translation_eval.bleu(translation_eval.translate(self.setup, params, ids), text.targets)
+            valid["bleu"], _ = translation_eval.bleu(
+                translate(self.setup.translator, params, ids.sources), text.targets
+            )
         return valid
 
     def evaluate(self, params, step: int, checkpoint: str, workdir: str) -> dict:
@@ -135,7 +138,9 @@ def evaluate_split(config, setup, model, params, step: int, description: str, co
     _log_scores(scores)
     if config.eval.attention_maps and len(corpus.text[split]):  # The split's first sentence and its translation.
         source = corpus.text[split].sources[0]
-        attention = sentence_attention(model, params, setup.tokenizer, source, hypotheses[0])  # On every process.
+        attention = sentence_attention(
+            model, params, setup.translator.tokenizer, source, hypotheses[0]
+        )  # On every process.
         writer = MetricWriter(workdir, f"eval_{split}")
         write_attention_summary(writer, step, attention)
         writer.close()
