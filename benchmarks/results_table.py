@@ -1,15 +1,23 @@
-r"""The README's results table, generated from the records under docs/results/.
+r"""The README's results table and the page of every record, generated from the records under docs/results/.
 
-  python -m benchmarks.results_table           # rewrites the table in README.md
-  python -m benchmarks.results_table --check   # exits 1 where README.md's table differs
+  python -m benchmarks.results_table           # rewrites the table in README.md, and docs/records.md
+  python -m benchmarks.results_table --check   # exits 1 where either differs from what the records make
 
-Each row of the table is one record (common/records.py): a measurement's figures, the
-machine it ran on and a link to the record's page. A measurement run on several kinds of
-machine gives a row per machine. The table lies between the README's `results:begin` and
-`results:end` comments; nothing else in the README is touched.
+Each row is one record (common/records.py): a measurement's figures, the machine it ran on and a
+link to the record's page. The README shows one row per kind of result (a `Row` below) and
+platform, CPU or GPU: the freshest record, by its date (of one date, the later commit). Every
+record, older ones and those of other CPU kinds too, has its row on docs/records.md, so that none
+is unlinked. That page lies in docs/ rather than in docs/results/, so that every page under
+docs/results/ is a record's, written by its benchmark, and so that the docs' checks
+(tests/test_records.py: links that exist, no commit or date in prose) read it as they read every
+page of the guide. The README's table lies between its `results:begin` and `results:end`
+comments; nothing else in the README is touched.
 """
 
 import dataclasses
+import datetime
+import fnmatch
+import functools
 import glob
 import os
 import shlex
@@ -23,6 +31,7 @@ from common import records
 _CHECK = flags.DEFINE_bool("check", False, "Only compare: exit 1 where README.md's table is not the generated one.")
 
 README = os.path.join(records.REPO_ROOT, "README.md")
+PAGE = os.path.join(records.REPO_ROOT, "docs", "records.md")
 BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
 
 
@@ -288,10 +297,14 @@ def _failed_checks(figures, where: tuple[str, ...] = ()) -> list[str]:
     return found + [f for key, value in figures.items() for f in _failed_checks(value, (*where, str(key)))]
 
 
-def _result(row: Row, figures: dict) -> str:
+def _verdict(figures: dict) -> str:
+    """'FAILED (where): ' where `figures` hold a failed check; else ''."""
     failed = _failed_checks(figures)
-    verdict = "FAILED" + (f" ({', '.join(failed)})" if any(failed) else "") + ": " if failed else ""
-    return verdict + row.result(figures)
+    return "FAILED" + (f" ({', '.join(failed)})" if any(failed) else "") + ": " if failed else ""
+
+
+def _result(row: Row, figures: dict) -> str:
+    return _verdict(figures) + row.result(figures)
 
 
 def _staleness(record: dict) -> str:
@@ -302,27 +315,119 @@ def _staleness(record: dict) -> str:
     return f"; measured on older code: {changed} later commit{'s' if changed > 1 else ''} changed it" if changed else ""
 
 
+def _platform(record: dict) -> str:
+    """'cpu', whatever its kind, or the accelerator's platform: 'gpu' (records.add_accelerator names it last)."""
+    accelerator = record["machine"].get("accelerator")  # 'NVIDIA H200 (gpu)'
+    return accelerator.rpartition("(")[2].removesuffix(")") if accelerator else "cpu"
+
+
+def _date(record: dict) -> datetime.datetime:
+    return datetime.datetime.fromisoformat(record["date"])
+
+
+def _fresher(first: tuple[str, dict], second: tuple[str, dict]) -> int:
+    """A comparison of two (name, record): 1 where `first` is the fresher, by date, then by commit; -1 the other way;
+    0 where neither is (one date, and neither commit descends from the other)."""
+    (_, one), (_, other) = first, second
+    if _date(one) != _date(other):
+        return 1 if _date(one) > _date(other) else -1
+    if one["commit"] == other["commit"]:
+        return 0
+    if records.is_ancestor(other["commit"], one["commit"]):
+        return 1
+    return -1 if records.is_ancestor(one["commit"], other["commit"]) else 0
+
+
+@dataclasses.dataclass
+class _Records:
+    """The records of a results folder: those that pass the records check by `Row` and platform, the rest, and those
+    failing it."""
+
+    by_row: dict[Row, dict[str, list[tuple[str, dict]]]]  # Row: platform: (name, record), the freshest first.
+    others: list[tuple[str, dict]]  # Records no row shows.
+    left_out: dict[str, str]  # Name: why, the problems' first words.
+
+
+def _read(results_dir: str, problems: Callable[[dict], list[str]]) -> _Records:
+    found = _Records({row: {} for row in ROWS}, [], {})
+    for path in sorted(glob.glob(os.path.join(results_dir, "*.json"))):
+        name = os.path.basename(path).removesuffix(".json")
+        record = records.read(name, results_dir)
+        if failed := problems(record):
+            found.left_out[name] = "; ".join(problem.split(":")[0] for problem in failed)
+            continue
+        rows = [row for row in ROWS if fnmatch.fnmatch(name, row.records)]
+        for row in rows:
+            found.by_row[row].setdefault(_platform(record), []).append((name, record))
+        if not rows:
+            found.others.append((name, record))
+    for platforms in found.by_row.values():
+        for platform in sorted(platforms):  # 'cpu' before 'gpu', in the tables too.
+            platforms[platform] = sorted(platforms.pop(platform), key=functools.cmp_to_key(_fresher), reverse=True)
+    return found
+
+
+def _link(name: str, results_dir: str, page_dir: str) -> str:
+    """A link to record `name`'s page, from a page in `page_dir`."""
+    return f"[{name}]({os.path.relpath(os.path.join(results_dir, name + '.md'), page_dir)})"
+
+
+def _line(what: str, result: str, name: str, record: dict, results_dir: str, page_dir: str) -> str:
+    link = _link(name, results_dir, page_dir) + _staleness(record)
+    return f"| {what} | {result} | {_machine(record)} | {link} |"
+
+
+def _left_out(found: _Records, results_dir: str, page_dir: str) -> list[str]:
+    if not found.left_out:
+        return []
+    named = ", ".join(f"{_link(name, results_dir, page_dir)} ({why})" for name, why in found.left_out.items())
+    return ["", f"Left out, as their records fail the records check (`common/records.py`): {named}."]
+
+
+_HEADER = ["| what | result | machine | record |", "|---|---|---|---|"]
+
+
 def table(
     results_dir: str = records.RESULTS_DIR, problems: Callable[[dict], list[str]] = records.problems
 ) -> list[str]:
-    """The table's lines, from the records in `results_dir` that pass `problems`; then a line naming those left out."""
-    lines = ["| what | result | machine | record |", "|---|---|---|---|"]
-    left_out = {}
-    for row in ROWS:
-        for path in sorted(glob.glob(os.path.join(results_dir, row.records + ".json"))):
-            name = os.path.basename(path).removesuffix(".json")
-            record = records.read(name, results_dir)
-            page = os.path.relpath(os.path.join(results_dir, name + ".md"), records.REPO_ROOT)
-            if found := problems(record):
-                left_out[f"[{name}]({page})"] = "; ".join(problem.split(":")[0] for problem in found)
-                continue
-            link = f"[{name}]({page}){_staleness(record)}"
-            lines.append(f"| {row.what} | {_result(row, record['figures'])} | {_machine(record)} | {link} |")
+    """The README's table: each row's freshest record of each platform, from the records in `results_dir` that pass
+    `problems`; then a line linking the page of every record, and one naming those left out."""
+    found = _read(results_dir, problems)
+    lines = list(_HEADER)
+    for row, platforms in found.by_row.items():
+        freshest = [named[0] for named in platforms.values()]
+        lines += [
+            _line(row.what, _result(row, r["figures"]), n, r, results_dir, records.REPO_ROOT) for n, r in freshest
+        ]
     lines += [f"| {what} | {link} | | |" for what, link in LINKS]
-    if left_out:
-        named = ", ".join(f"{link} ({why})" for link, why in left_out.items())
-        lines += ["", f"Left out, as their records fail the records check (`common/records.py`): {named}."]
-    return lines
+    page = os.path.relpath(PAGE, records.REPO_ROOT)
+    lines += ["", f"Every record, older ones and those of other CPU kinds too: [{page}]({page})."]
+    return lines + _left_out(found, results_dir, records.REPO_ROOT)
+
+
+def page(results_dir: str = records.RESULTS_DIR, problems: Callable[[dict], list[str]] = records.problems) -> list[str]:
+    """docs/records.md's lines: every record in `results_dir` with its row, each platform's freshest first."""
+    found = _read(results_dir, problems)
+    here = os.path.dirname(PAGE)
+    lines = [
+        "# Records",
+        "",
+        "Every record under `docs/results/` (what ran, where, at which commit), made by",
+        "`python -m benchmarks.results_table`. Of each kind of result, the first row on a CPU and the first on a",
+        "GPU are the freshest, which the [README's results table](../README.md#results) shows; the rows after them",
+        "are older, or of another kind of CPU. The records no kind of result shows come last. A record whose",
+        "measured code has changed since says so.",
+        "",
+        *_HEADER,
+    ]
+    for row, platforms in found.by_row.items():
+        every = [item for named in platforms.values() for item in named]
+        lines += [_line(row.what, _result(row, r["figures"]), n, r, results_dir, here) for n, r in every]
+    for name, record in found.others:
+        lines.append(
+            _line(record["measurement"], _verdict(record["figures"]) + "on its page", name, record, results_dir, here)
+        )
+    return lines + _left_out(found, results_dir, here)
 
 
 def with_table(readme: str, lines: list[str]) -> str:
@@ -334,23 +439,35 @@ def with_table(readme: str, lines: list[str]) -> str:
     return before + begin + "\n" + "\n".join(lines) + "\n" + end + after
 
 
-def main(argv):
-    del argv
+def generated() -> dict[str, str]:
+    """README.md and docs/records.md as the records make them, by path."""
     with open(README, encoding="utf-8") as readme:
         current = readme.read()
-    lines = table()
-    generated = with_table(current, lines)
+    return {README: with_table(current, table()), PAGE: "\n".join(page()) + "\n"}
+
+
+def _read_text(path: str) -> str | None:
+    try:
+        with open(path, encoding="utf-8") as file:
+            return file.read()
+    except FileNotFoundError:
+        return None
+
+
+def main(argv):
+    del argv
+    files = generated()
+    differing = [path for path, text in files.items() if _read_text(path) != text]
     if _CHECK.value:
-        if generated != current:
-            print(
-                "README.md's results table differs from the records: python -m benchmarks.results_table",
-                file=sys.stderr,
-            )
+        if differing:
+            names = " and ".join(os.path.relpath(path, records.REPO_ROOT) for path in differing)
+            print(f"{names}: not what the records make: python -m benchmarks.results_table", file=sys.stderr)
             sys.exit(1)
         return
-    with open(README, "w", encoding="utf-8") as readme:
-        readme.write(generated)
-    print("\n".join(lines))
+    for path in differing:
+        with open(path, "w", encoding="utf-8") as out:
+            out.write(files[path])
+    print(files[README].partition(BEGIN)[2].partition(END)[0].strip())
 
 
 if __name__ == "__main__":

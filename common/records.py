@@ -136,6 +136,15 @@ def commits_since(commit: str, paths: Sequence[str]) -> int | None:
     return None if count is None else int(count) + bool(uncommitted)
 
 
+def is_ancestor(ancestor: str, commit: str) -> bool | None:
+    """Whether `ancestor` is `commit` or one of its ancestors; None where git lacks either (a shallow clone)."""
+    if any(_git("cat-file", "-e", f"{c}^{{commit}}") is None for c in (ancestor, commit)):
+        return None
+    # Exit status 1 means 'not an ancestor', which _git cannot tell from an error.
+    found = subprocess.run(["git", "merge-base", "--is-ancestor", ancestor, commit], cwd=REPO_ROOT, timeout=30)
+    return found.returncode == 0
+
+
 def source(*, warn: bool = True) -> dict:
     """The commit measured, and whether the working tree differed from it (outside docs/results/).
 

@@ -78,20 +78,36 @@ def _prose(text: str) -> str:
     return "\n".join(docstrings + comments)
 
 
-def test_the_readme_results_table_is_the_one_the_records_make():
-    with open(results_table.README, encoding="utf-8") as readme:
-        current = readme.read()
-    assert results_table.with_table(current, results_table.table()) == current, (
-        "README.md's results table is not generated from docs/results/: run python -m benchmarks.results_table"
-    )
+def test_the_readme_results_table_and_the_records_page_are_the_ones_the_records_make():
+    for path, text in results_table.generated().items():
+        with open(path, encoding="utf-8") as current:
+            assert current.read() == text, (
+                f"{path} is not generated from docs/results/: python -m benchmarks.results_table"
+            )
+
+
+def _platforms(pattern: str) -> set[str]:
+    """The platforms of the records named by `pattern` that pass the records check."""
+    named = [os.path.basename(path)[: -len(".json")] for path in _RECORDS]
+    passing = [records.read(name) for name in fnmatch.filter(named, pattern) if name not in _TO_REGENERATE]
+    # A GPU names the record's machine: 'NVIDIA H200 (gpu)'.
+    return {re.search(r"\((\w+)\)$", r["machine"].get("accelerator") or "(cpu)").group(1) for r in passing}
 
 
 @pytest.mark.parametrize("row", results_table.ROWS, ids=lambda row: row.records)
-def test_every_kind_of_result_has_a_record_in_the_table_or_is_named_as_left_out(row):
+def test_every_kind_of_result_has_a_row_a_platform_in_the_table_or_is_named_as_left_out(row):
     lines = results_table.table()
     rows = [line for line in lines if line.startswith(f"| {row.what} |")]
     left_out = [name for name in _TO_REGENERATE if fnmatch.fnmatch(name, row.records) and f"[{name}]" in lines[-1]]
     assert (rows and all("](docs/results/" in line for line in rows)) or left_out
+    assert len(rows) == len(_platforms(row.records))  # One a platform: 'cpu' whatever its kind, 'gpu'.
+
+
+def test_every_record_is_linked_from_the_records_page_which_the_readme_links():
+    page = "\n".join(results_table.page())
+    unlinked = [p for p in _RECORDS if f"](results/{os.path.relpath(p, records.RESULTS_DIR)[:-5]}.md)" not in page]
+    assert not unlinked
+    assert "[docs/records.md](docs/records.md)" in "\n".join(results_table.table())
 
 
 @pytest.mark.parametrize("path", _RECORDS, ids=lambda path: os.path.relpath(path, records.RESULTS_DIR))
@@ -361,6 +377,37 @@ def test_a_record_is_marked_when_its_measured_code_changed_after_its_commit(tmp_
     assert "measured on older code: 2 later commits changed it" in link_cell()
     _results_with(tmp_path, "decode_speed_gpu", record | {"commit": "0123456789abcdef" * 2 + "01234567"})
     assert "not in this clone's history" in link_cell()
+
+
+def test_two_cpu_kinds_give_one_readme_row_the_fresher_and_the_records_page_lists_both(tmp_path, monkeypatch):
+    """By date, whatever the names' order; of one date, the record of the later commit."""
+    repository = tmp_path / "repository"
+    repository.mkdir()
+    _git(repository, "init", "-q")
+    _git(repository, "commit", "-q", "--allow-empty", "-m", "first")
+    _git(repository, "commit", "-q", "--allow-empty", "-m", "second")
+    first, second = _git(repository, "rev-parse", "HEAD~1", "HEAD").split()
+    monkeypatch.setattr(records, "REPO_ROOT", str(repository))
+    older, newer = (f"{'-'.join(('2000', '01', day))}T00:00:00+00:00" for day in ("30", "31"))
+
+    def shown(avx2: dict, avx512: dict) -> tuple[list[str], list[str]]:
+        """The records of the decoding rows, of the README's table and of the records page, with these changes."""
+        for name, change in (("decode_speed_cpu-avx2", avx2), ("decode_speed_cpu-avx512-bf16", avx512)):
+            folder = _results_with(tmp_path, name, records.read(name) | change)
+        readme, page = (
+            [line.split(" | ")[-1].split("]")[0].removeprefix("[") for line in lines if line.startswith("| decoding")]
+            for lines in (results_table.table(folder), results_table.page(folder))
+        )
+        return readme, page
+
+    readme, page = shown({"date": older}, {"date": newer})
+    assert readme == ["decode_speed_cpu-avx512-bf16"]
+    assert page == ["decode_speed_cpu-avx512-bf16", "decode_speed_cpu-avx2"]  # Both, the fresher first.
+    assert shown({"date": newer}, {"date": older}) == (["decode_speed_cpu-avx2"], page[::-1])
+    assert shown({"date": newer, "commit": first}, {"date": newer, "commit": second})[0] == [page[0]]
+    assert shown({"date": newer, "commit": second}, {"date": newer, "commit": first})[0] == [page[1]]
+    _results_with(tmp_path, "decode_speed_gpu", records.read("decode_speed_gpu") | {"date": older})
+    assert shown({"date": older}, {"date": newer})[0] == ["decode_speed_cpu-avx512-bf16", "decode_speed_gpu"]
 
 
 def test_every_program_that_writes_records_declares_the_code_it_measures():
