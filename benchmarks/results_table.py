@@ -10,8 +10,11 @@ record, older ones and those of other CPU kinds too, has its row on docs/records
 is unlinked. That page lies in docs/ rather than in docs/results/, so that every page under
 docs/results/ is a record's, written by its benchmark, and so that the docs' checks
 (tests/test_records.py: links that exist, no commit or date in prose) read it as they read every
-page of the guide. The README's table lies between its `results:begin` and `results:end`
-comments; nothing else in the README is touched.
+page of the guide.
+
+A record whose measured code has changed since its commit says so (`MEASURED_PATHS`), and one
+measured before a commit that replaced its code says which (`LANDMARKS`). The README's table lies
+between its `results:begin` and `results:end` comments; nothing else in the README is touched.
 """
 
 import dataclasses
@@ -266,6 +269,25 @@ MEASURED_PATHS = {
 }
 
 
+@dataclasses.dataclass(frozen=True)
+class Landmark:
+    """A commit that replaced code some records measured: a record of a commit before it measured code now gone."""
+
+    commit: str
+    before: str  # What such a record says: 'before continuous batching'.
+    records: tuple[str, ...]  # Globs of the names of the records whose figures came from the code it replaced.
+
+
+LANDMARKS = (
+    Landmark(
+        "cc4f5182793954fe78f2149876ad3ba24546e141",  # The commit that added models/continuous_batching.py.
+        "before continuous batching",
+        # The records whose figures decoding makes: its speed, the export's agreement, evaluation's BLEU and time.
+        ("decode_speed_*", "export_agreement_*", "quickstart_*", "workflow_check_*"),
+    ),
+)
+
+
 def _machine(record: dict) -> str:
     """The machine's kind; for a CPU, how busy it was where other work shared its cores."""
     machine = record["machine"]
@@ -307,12 +329,22 @@ def _result(row: Row, figures: dict) -> str:
     return _verdict(figures) + row.result(figures)
 
 
-def _staleness(record: dict) -> str:
-    """'' where the code the record measured is unchanged since its commit; else how much has changed."""
+def _staleness(name: str, record: dict) -> str:
+    """'' where the code record `name` measured is unchanged since its commit; else which landmarks it predates
+    (`LANDMARKS`) and how much has changed."""
     changed = records.commits_since(record["commit"], MEASURED_PATHS[_program(record["command"])])
     if changed is None:
         return "; its commit is not in this clone's history, so whether its code changed since is unknown"
-    return f"; measured on older code: {changed} later commit{'s' if changed > 1 else ''} changed it" if changed else ""
+    predates = [
+        f"; measured {landmark.before}"
+        for landmark in LANDMARKS
+        if any(fnmatch.fnmatch(name, pattern) for pattern in landmark.records)
+        and records.is_ancestor(landmark.commit, record["commit"]) is False  # None: a clone without the landmark.
+    ]
+    older = (
+        f"; measured on older code: {changed} later commit{'s' if changed > 1 else ''} changed it" if changed else ""
+    )
+    return "".join(predates) + older
 
 
 def _platform(record: dict) -> str:
@@ -373,7 +405,7 @@ def _link(name: str, results_dir: str, page_dir: str) -> str:
 
 
 def _line(what: str, result: str, name: str, record: dict, results_dir: str, page_dir: str) -> str:
-    link = _link(name, results_dir, page_dir) + _staleness(record)
+    link = _link(name, results_dir, page_dir) + _staleness(name, record)
     return f"| {what} | {result} | {_machine(record)} | {link} |"
 
 

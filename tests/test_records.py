@@ -347,8 +347,9 @@ def _git(folder, *arguments: str) -> str:
     return subprocess.run(command, cwd=folder, capture_output=True, text=True, check=True).stdout.strip()
 
 
-def test_a_record_is_marked_when_its_measured_code_changed_after_its_commit(tmp_path, monkeypatch):
-    """decode_speed measures models/: a later commit there marks it, one to the README does not."""
+def _repository(tmp_path, monkeypatch):
+    """A repository in `tmp_path`, which records' git questions ask, with a commit of models/search.py and README.md;
+    returns its folder and that commit."""
     repository = tmp_path / "repository"
     (repository / "models").mkdir(parents=True)
     (repository / "models" / "search.py").write_text("a = 1\n")
@@ -356,16 +357,26 @@ def test_a_record_is_marked_when_its_measured_code_changed_after_its_commit(tmp_
     _git(repository, "init", "-q")
     _git(repository, "add", ".")
     _git(repository, "commit", "-qm", "measured")
-    measured = _git(repository, "rev-parse", "HEAD")
+    monkeypatch.setattr(records, "REPO_ROOT", str(repository))
+    return repository, _git(repository, "rev-parse", "HEAD")
+
+
+def _link_cell(folder: str, name: str) -> str:
+    """The record cell of `name`'s row in the README's table made from `folder`."""
+    (line,) = [line for line in results_table.table(folder) if f"[{name}]" in line]
+    return line.split(" | ")[-1].removesuffix(" |")
+
+
+def test_a_record_is_marked_when_its_measured_code_changed_after_its_commit(tmp_path, monkeypatch):
+    """decode_speed measures models/: a later commit there marks it, one to the README does not."""
+    repository, measured = _repository(tmp_path, monkeypatch)
     (repository / "README.md").write_text("b\n")
     _git(repository, "commit", "-qam", "not measured code")
-    monkeypatch.setattr(records, "REPO_ROOT", str(repository))
     record = records.read("decode_speed_gpu") | {"commit": measured}
     folder = _results_with(tmp_path, "decode_speed_gpu", record)
 
     def link_cell() -> str:
-        (line,) = [line for line in results_table.table(folder) if "[decode_speed_gpu]" in line]
-        return line.split(" | ")[-1]
+        return _link_cell(folder, "decode_speed_gpu")
 
     assert "older code" not in link_cell()
     (repository / "models" / "search.py").write_text("a = 2\n")
@@ -379,15 +390,44 @@ def test_a_record_is_marked_when_its_measured_code_changed_after_its_commit(tmp_
     assert "not in this clone's history" in link_cell()
 
 
+def test_a_record_measured_before_a_landmark_says_so(tmp_path, monkeypatch):
+    """A landmark names a commit that replaced measured code, and the records it concerns."""
+    repository, measured = _repository(tmp_path, monkeypatch)
+    (repository / "models" / "search.py").write_text("a = 2\n")
+    _git(repository, "commit", "-qam", "the search replaced")
+    replaced = _git(repository, "rev-parse", "HEAD")
+    landmark = results_table.Landmark(replaced, "before the new search", ("decode_speed_*", "export_agreement_*"))
+    monkeypatch.setattr(results_table, "LANDMARKS", (landmark,))
+    folder = _results_with(tmp_path, "decode_speed_gpu", records.read("decode_speed_gpu") | {"commit": measured})
+    assert _link_cell(folder, "decode_speed_gpu").endswith(
+        "; measured before the new search; measured on older code: 1 later commit changed it"
+    )
+    _results_with(tmp_path, "decode_speed_gpu", records.read("decode_speed_gpu") | {"commit": replaced})
+    assert "before" not in _link_cell(folder, "decode_speed_gpu")  # Measured at the landmark: its code is today's.
+    unknown = "0123456789abcdef" * 2 + "01234567"
+    _results_with(tmp_path, "decode_speed_gpu", records.read("decode_speed_gpu") | {"commit": unknown})
+    assert "before" not in _link_cell(folder, "decode_speed_gpu")  # Not in this clone's history: unknown.
+    classify = records.read("classify_cpu-avx512-bf16") | {"commit": measured}  # A record the landmark is not of.
+    _results_with(tmp_path, "classify_cpu-avx512-bf16", classify)
+    assert "older code" in _link_cell(folder, "classify_cpu-avx512-bf16")
+    assert "before" not in _link_cell(folder, "classify_cpu-avx512-bf16")
+
+
+def test_the_landmarks_name_the_commit_that_replaced_the_code_and_records_that_exist():
+    (continuous_batching,) = results_table.LANDMARKS
+    if records.is_ancestor(continuous_batching.commit, "HEAD") is None:
+        pytest.skip("a clone without the landmark's commit (shallow)")
+    added = ["log", "--diff-filter=A", "--format=%H", "--", "models/continuous_batching.py"]
+    assert _git(REPO_ROOT, *added) == continuous_batching.commit
+    names = [os.path.basename(path)[: -len(".json")] for path in _RECORDS]
+    assert all(fnmatch.filter(names, pattern) for pattern in continuous_batching.records)
+
+
 def test_two_cpu_kinds_give_one_readme_row_the_fresher_and_the_records_page_lists_both(tmp_path, monkeypatch):
     """By date, whatever the names' order; of one date, the record of the later commit."""
-    repository = tmp_path / "repository"
-    repository.mkdir()
-    _git(repository, "init", "-q")
-    _git(repository, "commit", "-q", "--allow-empty", "-m", "first")
+    repository, first = _repository(tmp_path, monkeypatch)
     _git(repository, "commit", "-q", "--allow-empty", "-m", "second")
-    first, second = _git(repository, "rev-parse", "HEAD~1", "HEAD").split()
-    monkeypatch.setattr(records, "REPO_ROOT", str(repository))
+    second = _git(repository, "rev-parse", "HEAD")
     older, newer = (f"{'-'.join(('2000', '01', day))}T00:00:00+00:00" for day in ("30", "31"))
 
     def shown(avx2: dict, avx512: dict) -> tuple[list[str], list[str]]:
