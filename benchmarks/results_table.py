@@ -216,14 +216,33 @@ _TRAIN_STEP = (
     "configs/default.py",
     "benchmarks/config_r.py",
 )
+# Decoding as `inference.translate_lines` runs it: the restore, the runtime, the search, reading text, the config's
+# checks (tests/test_records.py checks that these hold every module it loads).
 _DECODING = (
     "models/",
-    "training/inference.py",
-    "training/tasks/translation.py",
-    "training/tasks/translation_eval.py",
+    "common/",
+    _NOT_RECORDS,
     "input_pipeline/batching.py",
+    "input_pipeline/config_checks.py",
+    "input_pipeline/labels.py",
+    "input_pipeline/text_lines.py",
     "input_pipeline/tokenizer.py",
+    "training/checkpoints/",
+    "training/runtime/",
+    "training/inference.py",
+    "training/tasks/base.py",
+    "training/tasks/translation_eval.py",
+    "training/config_checks.py",
+    "training/divergence.py",
+    "training/optimizer.py",
+    "training/state.py",
+    "training/steps.py",
+    "training/losses.py",
+    "training/step_options.py",
+    "training/reporting/logs.py",
+    "training/reporting/scores.py",
 )
+_TRANSLATE_PY = (*_DECODING, "translate.py", "training/text_io.py")  # The command, reading and writing lines too.
 MEASURED_PATHS = {
     "benchmarks.training_run": (*_TRAINING, "benchmarks/training_run.py"),
     "benchmarks.workflow_check": (
@@ -243,8 +262,7 @@ MEASURED_PATHS = {
         "benchmarks/accelerator_step.py",
     ),
     "benchmarks.decode_speed": (
-        *_DECODING,
-        "translate.py",
+        *_TRANSLATE_PY,
         "exporting/",
         "benchmarks/decode_speed.py",
         "benchmarks/ctranslate2_engine.py",
@@ -255,11 +273,9 @@ MEASURED_PATHS = {
         "benchmarks/export_agreement.py",
         "benchmarks/ctranslate2_engine.py",
     ),
-    "benchmarks.attention_page": (
-        "translate.py",
-        "training/reporting/attention_weights.py",
-        "training/reporting/attention_page.py",
-        "training/reporting/attention_page.html",
+    "benchmarks.attention_page": (  # translate.py's pages: their pieces and weights are its translation's.
+        *_TRANSLATE_PY,
+        "training/reporting/",
         "benchmarks/attention_page.py",
         "benchmarks/page_browser.py",
     ),

@@ -450,6 +450,60 @@ def test_two_cpu_kinds_give_one_readme_row_the_fresher_and_the_records_page_list
     assert shown({"date": older}, {"date": newer})[0] == ["decode_speed_cpu-avx512-bf16", "decode_speed_gpu"]
 
 
+def _project_imports(path: str, leave_out: str = "") -> list[str]:
+    """The statements of `path` (its functions' too, but function `leave_out`'s) that import this project's modules."""
+    with open(os.path.join(REPO_ROOT, path), encoding="utf-8") as source:
+        tree = ast.parse(source.read())
+    skipped = {node for f in ast.walk(tree) if getattr(f, "name", None) == leave_out for node in ast.walk(f)}
+    statements = []
+    for node in ast.walk(tree):
+        if node in skipped or not isinstance(node, ast.Import | ast.ImportFrom):
+            continue
+        names = [node.module] if isinstance(node, ast.ImportFrom) else [alias.name for alias in node.names]
+        tops = [os.path.join(REPO_ROOT, name.split(".")[0]) for name in names if name]  # Not `from . import`.
+        if any(os.path.isdir(top) or os.path.exists(top + ".py") for top in tops):
+            statements.append(ast.unparse(node))
+    return statements
+
+
+def _loaded_files(statements: list[str]) -> set[str]:
+    """The repository's files that running `statements` loads, but packages holding a docstring alone (no code to
+    measure) and common/records.py (writing a record is not what it measures)."""
+    script = "\n".join(
+        [*statements, "import sys", "print(*(getattr(m, '__file__', None) for m in sys.modules.values()))"]
+    )
+    run = subprocess.run([sys.executable, "-c", script], cwd=REPO_ROOT, capture_output=True, text=True, check=True)
+    found = set()
+    for path in run.stdout.split():
+        if not os.path.isabs(path) or os.path.commonpath([path, REPO_ROOT]) != REPO_ROOT:
+            continue
+        with open(path, encoding="utf-8") as source:
+            body = ast.parse(source.read()).body
+        if not all(isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant) for node in body):
+            found.add(os.path.relpath(path, REPO_ROOT))
+    return found - {"common/records.py"}
+
+
+# What each decoding program runs, as import statements: translate.py's, where the program runs it (decode_speed
+# without asking for attention maps); the program's own, where it decodes in its process.
+_RUNS = {
+    "benchmarks.decode_speed": lambda: ["import translate", *_project_imports("translate.py", "_draw_attention_maps")],
+    "benchmarks.workflow_check": lambda: ["import translate", *_project_imports("translate.py")],
+    "benchmarks.attention_page": lambda: ["import translate", *_project_imports("translate.py")],
+    "benchmarks.export_agreement": lambda: _project_imports("benchmarks/export_agreement.py"),
+}
+
+
+@pytest.mark.parametrize("program", _RUNS)
+def test_every_module_a_decoding_program_runs_lies_on_its_measured_paths(program):
+    """A change to any of them marks the program's records as measured on older code."""
+    paths = [path for path in results_table.MEASURED_PATHS[program] if not path.startswith(":(")]
+    loaded = _loaded_files(_RUNS[program]())
+    assert {"models/continuous_batching.py", "training/inference.py", "input_pipeline/text_lines.py"} <= loaded
+    outside = [f for f in loaded if not any(f == path or (path.endswith("/") and f.startswith(path)) for path in paths)]
+    assert not outside
+
+
 def test_every_program_that_writes_records_declares_the_code_it_measures():
     writers = {os.path.relpath(path, REPO_ROOT).removesuffix(".py").replace(os.sep, ".") for path in _record_writers()}
     assert writers == set(results_table.MEASURED_PATHS)
