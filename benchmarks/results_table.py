@@ -231,6 +231,7 @@ _DECODING = (
     "training/runtime/",
     "training/inference.py",
     "training/tasks/base.py",
+    "training/tasks/translation_decoding.py",
     "training/tasks/translation_eval.py",
     "training/config_checks.py",
     "training/divergence.py",
