@@ -1,7 +1,7 @@
 """Runs the train step, evaluation and checkpoint restore on 8 simulated CPU devices; run by test_multi_device.py.
 
   XLA_FLAGS=--xla_force_host_platform_device_count=8 JAX_PLATFORMS=cpu \\
-      python tests/multi_device_check.py layouts classifier positions checkpoint --directory=<empty directory>
+      python tests/multi_device_check.py layouts classifier positions decoding_cache checkpoint --directory=<empty dir>
 
 `layouts` trains a small model for 5 steps on the same batches in every layout
 (one device; pmap over 8; jit over 8 data, 4 data x 2 FSDP, 2 data x 4 tensor,
@@ -16,11 +16,13 @@ the average of two steps' parameters).
 layouts and checks its losses and class probabilities against one device.
 `positions` trains with relative positions (their tables, relative values and a
 smaller key size) and with rotary positions on 2 data x 2 FSDP x 2 tensor, checking
-losses, parameters and greedy decoding against one device.
+losses, parameters and greedy decoding against one device. `decoding_cache` decodes on
+4 data x 2 tensor and prints the cache bytes a device holds.
 Each check prints `<check>: ok`, or its error and `<check>: FAILED`; the script exits 1 if any failed.
 """
 
 import argparse
+import functools
 import sys
 import traceback
 
@@ -33,6 +35,7 @@ from common.special_ids import BOS_ID, EOS_ID
 from configs import default
 from input_pipeline.batching import ParallelIds, RaggedIds
 from models.build import make_model
+from models.continuous_batching import Block, Layout
 from models.decoding import decode_batch
 from models.search import SpecialIds
 from models.token_search import TokenSearch, argmax_token
@@ -336,7 +339,59 @@ def check_checkpoint(directory: str) -> None:
     print("checkpoint: ok")
 
 
-CHECKS = {"layouts": check_layouts, "classifier": check_classifier, "positions": check_positions}
+def check_decoding_cache() -> None:
+    """Decoding on 4 data x 2 tensor: rows split over data, the attention caches over the heads too (as the
+    attention's parameters are), so that a device holds an eighth of every cache; the same translations as
+    on one device."""
+    assert len(jax.devices()) == 8, jax.devices()
+    config, mesh, model, tx, _ = _setup(4, 1, 2, 8)
+    params = initial_state(config, model, tx, state_shardings(config, model, tx, mesh)).params
+    rows, source_length, max_length = 8, 16, 40
+    rng = np.random.default_rng(1)
+    sources = [list(rng.integers(4, 32, rng.integers(1, 12))) + [EOS_ID] for _ in range(rows)]
+    translator = translation_decoding.translator(config, model, None, mesh)
+    block = Block(
+        np.zeros((rows, source_length), np.int32), np.full(rows, 20, np.int32), np.arange(rows, dtype=np.int32)
+    )
+    for row, ids in enumerate(sources):
+        block.inputs[row, : len(ids)] = ids
+    rows_sharding = sharding.batch_sharding(mesh, config.mesh.rules)
+    place = functools.partial(translation_decoding.place_rows, sharding=rows_sharding)
+    held = {}
+    for name, heads in (
+        ("heads split", sharding.decoding_cache_sharding(mesh, config.mesh.rules)),
+        ("rows only", rows_sharding),
+    ):
+        decoding = translator.decoder.empty(params, rows, source_length, max_length, place)
+        decoding, _ = translator.decoder.advance(
+            params, decoding, place(block), rows, layout=Layout(rows_sharding, heads)
+        )
+        caches = jax.tree.leaves((decoding.cache, decoding.context["cross"]))
+        held[name] = (
+            sum(leaf.addressable_shards[0].data.nbytes for leaf in caches),
+            sum(leaf.nbytes for leaf in caches),
+        )
+    print(
+        f"decoding_cache: a device holds {held['heads split'][0]} of {held['heads split'][1]} cache bytes with "
+        f"the heads split, {held['rows only'][0]} with the rows split only"
+    )
+    _assert(held["heads split"][0] * 8 == held["heads split"][1], held)
+    _assert(held["rows only"][0] * 4 == held["rows only"][1], held)
+    one_config, one_mesh, _, _, _ = _setup(1, 1, 1, 1)
+    one_params = jax.device_put(params, jax.sharding.NamedSharding(one_mesh, jax.sharding.PartitionSpec()))
+    one_device = translation_decoding.translator(one_config, model, None, one_mesh)
+    ragged = RaggedIds.from_lists(sources)
+    translations = translation_decoding.translate_ids(translator, params, ragged)
+    _assert(translations == translation_decoding.translate_ids(one_device, one_params, ragged), translations)
+    print("decoding_cache: ok")
+
+
+CHECKS = {
+    "layouts": check_layouts,
+    "classifier": check_classifier,
+    "positions": check_positions,
+    "decoding_cache": check_decoding_cache,
+}
 
 
 def _arguments() -> argparse.Namespace:
@@ -349,6 +404,7 @@ def _arguments() -> argparse.Namespace:
         choices=[*CHECKS, "checkpoint"],
         help="layouts: every layout's losses, parameters, evaluation and decoding against one device; classifier: "
         "the encoder classifier in the layouts; positions: relative and rotary positions on 2 x 2 x 2; "
+        "decoding_cache: the cache bytes a device holds on 4 data x 2 tensor; "
         "checkpoint: save on 8-way data, restore onto other meshes (in --directory)",
     )
     parser.add_argument("--directory", help="checkpoint: an empty directory to save into")

@@ -29,7 +29,8 @@ def output(compilation_cache_folder, tmp_path_factory) -> str:
         JAX_COMPILATION_CACHE_DIR=compilation_cache_folder,
         JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
     )
-    checks = ["layouts", "classifier", "positions", "checkpoint", f"--directory={tmp_path_factory.mktemp('run')}"]
+    checks = ["layouts", "classifier", "positions", "decoding_cache", "checkpoint"]
+    checks.append(f"--directory={tmp_path_factory.mktemp('run')}")
     result = subprocess.run(
         [sys.executable, os.path.join("tests", "multi_device_check.py"), *checks],
         cwd=REPO_ROOT,
@@ -72,3 +73,9 @@ def test_relative_and_rotary_positions_train_sharded_as_on_one_device(output):
     """Relative and rotary positions train on 2 data x 2 FSDP x 2 tensor as on one device."""
     output = _check(output, "positions")
     assert "relative, jit 2 data x 2 fsdp x 2 tensor" in output and "rotary, jit 2 data" in output
+
+
+def test_decoding_splits_its_caches_over_the_heads_on_a_tensor_axis(output):
+    """4 data x 2 tensor: a device holds an eighth of the caches (a quarter if they followed the rows alone)."""
+    output = _check(output, "decoding_cache")
+    assert "a device holds 14336 of 114688 cache bytes with the heads split, 28672 with the rows split only" in output

@@ -93,7 +93,7 @@ def translate_ids(translator: Translator, params, sources: batching.RaggedIds) -
         rows=translator.rows,
         row_multiple=num_batch_shards(translator.mesh, translator.rules),
         max_decode_length=translator.max_decode_length,
-        place=functools.partial(_place_rows, sharding=layout.rows),
+        place=functools.partial(place_rows, sharding=layout.rows),
         fetch=lambda array: np.asarray(multihost_utils.process_allgather(array, tiled=True)),
         layout=layout,
     )
@@ -109,7 +109,7 @@ def translate(translator: Translator, params, sources: batching.RaggedIds) -> li
     return [translator.tokenizer.decode(ids) for ids in translate_ids(translator, params, sources)]
 
 
-def _place_rows(tree, sharding: NamedSharding):
+def place_rows(tree, sharding: NamedSharding):
     """Device arrays of a pytree of host arrays that every process holds whole: leading dimensions split as
     `sharding` splits a batch, scalars replicated."""
     replicated = NamedSharding(sharding.mesh, PartitionSpec())
