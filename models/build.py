@@ -1,8 +1,11 @@
-"""The model a run's config describes: the encoder-decoder Transformer, or the encoder classifier."""
+"""The model a run's config describes: the encoder-decoder Transformer, or the encoder classifier; its parameters."""
 
 import dataclasses
+from typing import Any
 
+import flax.linen as nn
 import jax
+import jax.numpy as jnp
 import ml_collections
 
 from common.special_ids import BOS_ID, PAD_ID
@@ -92,6 +95,21 @@ def make_model(config: ml_collections.ConfigDict, vocab_size: int, num_classes: 
         encoder = dataclasses.replace(transformer_config, num_decoder_layers=0)
         return Classifier(ClassifierConfig(encoder, num_classes, model.pooling))
     return Transformer(transformer_config)
+
+
+def init_boxed_params(model: Model, rng: jax.Array) -> Any:
+    """Float32 parameters in flax `LogicallyPartitioned` boxes naming each dimension's logical axis.
+
+    Shapes do not depend on the dummy sequence lengths.
+    """
+    dummy = jnp.ones((1, 2), jnp.int32)
+    sequences = (dummy,) if isinstance(model, Classifier) else (dummy, dummy)  # Classifier: no target.
+    return model.init({"params": rng}, *sequences, deterministic=True)["params"]
+
+
+def init_params(model: Model, rng: jax.Array) -> Any:
+    """Float32 parameters of `model`: a plain pytree of arrays (the checkpointed layout)."""
+    return nn.unbox(init_boxed_params(model, rng))
 
 
 def transformer_config_of(

@@ -17,7 +17,7 @@ from test_bad_input import snapshot
 from common.errors import UserInputError
 from common.workdir import Workdir
 from input_pipeline.tokenizer import load_tokenizer
-from models.build import make_model
+from models.build import init_params, make_model
 from training import loop
 from training.checkpoints.checkpointer import (
     CHECKPOINT_CHOICES,
@@ -26,7 +26,7 @@ from training.checkpoints.checkpointer import (
     save_params,
 )
 from training.runtime import sharding
-from training.state import TrainState, init_params
+from training.state import TrainState
 
 
 def _params(step: int) -> dict:

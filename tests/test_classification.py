@@ -20,10 +20,9 @@ from input_pipeline.batching import LabelledIds, RaggedIds, TrainBatches
 from input_pipeline.labels import labels_from_training, load_labels, save_labels
 from input_pipeline.record_source import ArrayRecordSource
 from input_pipeline.tokenizer import train_tokenizer
-from models.build import make_model
+from models.build import init_boxed_params, make_model
 from models.classifier import Classifier, ClassifierConfig, mean_over_real_tokens
 from training.config_checks import validate_config
-from training.state import init_boxed_params
 from training.tasks import classification, classification_metrics
 
 NUM_CLASSES = 5

@@ -24,10 +24,10 @@ from common.errors import UserInputError
 from input_pipeline import tokenizer as tokenizer_lib
 from input_pipeline.text_lines import decode_lines
 from models import Transformer
+from models.build import init_params
 from models.decoding_checks import decoding_memory_bytes
 from training.config_checks import validate_config
 from training.reporting import metric_log
-from training.state import init_params
 
 # The message Orbax raised (from TensorStore) when a checkpoint save filled a tmpfs, as it was.
 ORBAX_DISK_FULL = (

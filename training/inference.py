@@ -21,10 +21,9 @@ from common.workdir import Workdir
 from input_pipeline import tokenizer as tokenizer_lib
 from input_pipeline.labels import Labels, load_labels
 from models import Transformer
-from models.build import is_classification, make_model
+from models.build import init_boxed_params, is_classification, make_model
 from training.checkpoints.checkpointer import Checkpointer, Selection
 from training.runtime import sharding
-from training.state import init_boxed_params
 from training.tasks import translation_decoding
 
 

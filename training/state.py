@@ -1,4 +1,4 @@
-"""The train state (a pytree), the parameters it starts from, and its layout on a device mesh.
+"""The train state (a pytree), how it starts, and its layout on a device mesh.
 
 The builders here (`state_shardings`, `initial_state`, `abstract_state`) need no data: the
 training loop and benchmarks/accelerator_check.py build the same state from them.
@@ -13,8 +13,7 @@ import jax.numpy as jnp
 import ml_collections
 import optax
 
-from models.build import Model
-from models.classifier import Classifier
+from models.build import Model, init_boxed_params
 from training.runtime import sharding
 
 
@@ -26,21 +25,6 @@ class TrainState:
     params: Any
     opt_state: optax.OptState
     rng: jax.Array  # [2] uint32, the base key that step keys fold in from.
-
-
-def init_boxed_params(model: Model, rng: jax.Array) -> Any:
-    """Float32 parameters in flax `LogicallyPartitioned` boxes naming each dimension's logical axis.
-
-    Shapes do not depend on the dummy sequence lengths.
-    """
-    dummy = jnp.ones((1, 2), jnp.int32)
-    sequences = (dummy,) if isinstance(model, Classifier) else (dummy, dummy)  # Classifier: no target.
-    return model.init({"params": rng}, *sequences, deterministic=True)["params"]
-
-
-def init_params(model: Model, rng: jax.Array) -> Any:
-    """Float32 parameters of `model`: a plain pytree of arrays (the checkpointed layout)."""
-    return nn.unbox(init_boxed_params(model, rng))
 
 
 def create_train_state(model: Model, tx: optax.GradientTransformation, seed: int, *, boxed: bool = False) -> TrainState:

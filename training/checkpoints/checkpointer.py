@@ -22,7 +22,7 @@ error. Which checkpoints a choice names, and averaging, are in choice.py. Saves 
 """
 
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jax
 import orbax.checkpoint as ocp
@@ -37,7 +37,9 @@ from training.checkpoints.best import BestCheckpoint
 from training.checkpoints.choice import CHECKPOINT_CHOICES, BestScore, Selection, mean_params, resolve_choice
 from training.checkpoints.integrity import NonFiniteStateError, finite_summary
 from training.checkpoints.restore import DamagedCheckpointError, open_manager, restore_params, restore_verified
-from training.state import TrainState
+
+if TYPE_CHECKING:  # training.state imports optax, which reading a trained model's parameters does without.
+    from training.state import TrainState
 
 __all__ = [
     "CHECKPOINT_CHOICES",
@@ -81,7 +83,7 @@ class Checkpointer:
 
     # --- Saving -------------------------------------------------------------------------------------------
 
-    def save(self, state: TrainState, data_state: dict) -> None:
+    def save(self, state: "TrainState", data_state: dict) -> None:
         """Starts an asynchronous save at state.step (a no-op if that step exists).
 
         `data_state` is this process's batch position (JSON-able), as the iterator's `get_state()` gives it.
@@ -124,7 +126,7 @@ class Checkpointer:
 
     # --- Restoring ----------------------------------------------------------------------------------------
 
-    def restore(self, step: int, abstract_state: TrainState) -> tuple[TrainState, dict | None]:
+    def restore(self, step: int, abstract_state: "TrainState") -> tuple["TrainState", dict | None]:
         """Restores `step` into the structure, shapes and shardings of `abstract_state`, verified.
 
         Returns:
@@ -148,7 +150,7 @@ class Checkpointer:
         state = restore_verified(self._manager, step, abstract_state)["state"]
         return state, data_position.read_position(os.path.join(self.directory, str(step)), step)
 
-    def restore_latest(self, abstract_state: TrainState) -> tuple[TrainState, dict | None] | None:
+    def restore_latest(self, abstract_state: "TrainState") -> tuple["TrainState", dict | None] | None:
         """The newest intact step's state, for resuming; None if there is no checkpoint.
 
         Damaged steps after it are moved to damaged_checkpoints/ (so that the rotation and the no-op
