@@ -232,18 +232,20 @@ def without_tensorflow(monkeypatch):
     monkeypatch.setattr(sys, "meta_path", finders_without_tensorflow(sys.meta_path))
 
 
-def run_entry_point(script: str, *args: str, stdin: str | bytes | None = None) -> subprocess.CompletedProcess:
+def run_entry_point(
+    script: str, *args: str, stdin: str | bytes | None = None, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
     """Runs `python <script> <args>` from the repository root as a user would, on the CPU, with a timeout.
 
     `stdin` bytes go in as they are; stdout and stderr come back as text either way, with universal
-    newlines (tqdm's carriage returns end lines).
+    newlines (tqdm's carriage returns end lines). `env`: variables besides `entry_point_env()`'s.
     """
     result = subprocess.run(
         [sys.executable, script, *args],
         cwd=REPO_ROOT,
         input=stdin.encode("utf-8") if isinstance(stdin, str) else stdin,
         capture_output=True,
-        env=entry_point_env(),
+        env=entry_point_env() | (env or {}),
         timeout=600,
     )
     result.stdout, result.stderr = (

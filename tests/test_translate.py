@@ -1,8 +1,10 @@
 """The translate CLI and evaluation with beam search, on a tiny trained run."""
 
+import collections
 import dataclasses
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -64,6 +66,15 @@ def test_translate_from_a_file_equals_stdin_and_greedy_equals_a_beam_search_of_w
     assert beam_one == from_stdin.stdout.splitlines()
 
 
+def _compiled_and_read(stderr: str) -> tuple[collections.Counter, collections.Counter]:
+    """The programs a process compiled, and those it read from the persistent compilation cache, by module name
+    ('jit_advance'), from what JAX logs with JAX_LOG_COMPILES=1: 'Finished XLA compilation of jit(advance)' after
+    either, and before it "Persistent compilation cache hit for 'jit_advance'" where the program was read."""
+    finished = re.findall(r"Finished XLA compilation of (\S+) in", stderr)
+    read = collections.Counter(re.findall(r"Persistent compilation cache hit for '([^']+)'", stderr))
+    return collections.Counter(re.sub(r"\W+", "_", name).strip("_") for name in finished) - read, read
+
+
 def test_translate_keeps_its_compiled_decoding_in_the_runs_cache_folder(trained_workdir, tmp_path):
     workdir = str(tmp_path / "run")
     shutil.copytree(trained_workdir, workdir)
@@ -74,13 +85,22 @@ def test_translate_keeps_its_compiled_decoding_in_the_runs_cache_folder(trained_
     config["compilation_cache_dir"] = str(cache)
     with open(config_path, "w", encoding="utf-8") as f:
         json.dump(config, f)
-    outputs = []
+    # A source over the first bucket (16 subwords), then enough short ones to refill the rows: two stages.
+    lines = " ".join(["Click the OK button to close the dialog."] * 2) + "\n" + "Click OK.\nSelect a cell.\n" * 60
+    runs = []
     for _ in range(2):
-        result = run_entry_point("translate.py", f"--workdir={workdir}", stdin="Click OK.\nSelect a cell.\n")
+        result = run_entry_point("translate.py", f"--workdir={workdir}", stdin=lines, env={"JAX_LOG_COMPILES": "1"})
         assert result.returncode == 0, result.stderr[-3000:]
-        outputs.append(result.stdout)
-    assert os.listdir(cache), "translate.py kept no compiled program"
-    assert outputs[0] == outputs[1]
+        runs.append((result.stdout, *_compiled_and_read(result.stderr)))
+    (first_output, first_compiled, _), (second_output, second_compiled, second_read) = runs
+    # The restore compiles nothing (integrity sums in NumPy): the first run compiles only its decoding, a
+    # program a stage of source length and one to narrow to the second, and keeps each in the cache.
+    assert first_compiled == collections.Counter({"jit_advance": 2, "jit_narrow": 1})
+    kept = collections.Counter(entry.split("-")[0] for entry in os.listdir(cache) if entry.endswith("-cache"))
+    assert kept == first_compiled
+    assert second_compiled == collections.Counter(), "the second translate.py compiled programs again"
+    assert second_read == first_compiled
+    assert second_output == first_output
 
 
 def test_translate_reports_bad_requests_in_one_line(trained_workdir, tmp_path):
