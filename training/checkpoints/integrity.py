@@ -13,9 +13,10 @@ changes cancel in both sums with probability about 2^-64. Sums mod 2^32 do not d
 the reduction, so the fingerprint is the same on any mesh and any number of processes.
 
 A leaf this process holds whole is summed in NumPy on the host, whose uint32 arithmetic wraps as the
-formula wants: no XLA program to compile (a restore compiled one per leaf shape, most of translate.py's
-start). A leaf spread over processes is summed by a jitted program on the devices where it lives; the
-result of its global reduction is replicated, so every process sees the same verdict.
+formula wants: no XLA program to compile, where jitted sums compile one per leaf shape and dtype (most
+of what a translate.py start would compile besides its decoding). A leaf spread over processes is summed
+by a jitted program on the devices where it lives; the result of its global reduction is replicated, so
+every process sees the same verdict.
 
 The same pass says whether each floating-point leaf is finite, so a diverged state is refused before
 it is written, and a restored one before it is used.
