@@ -88,23 +88,28 @@ def _draw_attention_maps(trained, lines: list[str], translations: list[str], out
 
 
 def translate(workdir: str) -> None:
+    import models  # pylint: disable=g-import-not-at-top  (what the stored programs run)
     from training import inference, text_io  # pylint: disable=g-import-not-at-top  (JAX starts here)
     from training.runtime import compilation_cache  # pylint: disable=g-import-not-at-top
+    from training.runtime.program_store import program_store  # pylint: disable=g-import-not-at-top
     from training.tasks import translation_decoding  # pylint: disable=g-import-not-at-top
 
     config = _CONFIG.value if _CONFIG.value is not None else inference.load_config(workdir)
     if config.task != "translation":
         raise UserInputError(f"{workdir} holds a {config.task} run, not a translation model; use classify.py for it.")
     config = _decoding_config(config)
-    # As train.py: a later translation with the same shapes reads its compiled decoding back.
-    compilation_cache.enable(config.compilation_cache_dir)
+    # A later translation with the same config and shapes reads its compiled decoding back: from the program
+    # store (no tracing), or with several processes from JAX's cache.
+    store = program_store(compilation_cache.cache_folder(config.compilation_cache_dir), packages=(models,))
+    if store is None:
+        compilation_cache.enable(config.compilation_cache_dir)
     lines = text_io.read_input_lines(_INPUT.value)
     # 'source<TAB>target' lines are for attention maps; otherwise a tab is part of the sentence.
     sources = [line.partition("\t")[0] for line in lines] if _ATTENTION_MAPS.value else lines
-    trained = inference.load_trained_model(config, workdir, _CHECKPOINT.value)
+    trained = inference.load_trained_model(config, workdir, _CHECKPOINT.value, store)
     decoding = describe_decoding(config.eval)
     logging.info("Translating %d lines: %s, %s.", len(lines), trained.selection.description, decoding)
-    translator = translation_decoding.translator(config, trained.model, trained.tokenizer, trained.mesh)
+    translator = translation_decoding.translator(config, trained.model, trained.tokenizer, trained.mesh, store)
     translations = inference.translate_lines(translator, trained.params, sources, config.dataset.max_length)
     text_io.write_output_lines(translations, _OUTPUT.value)  # First: drawing maps may still fail (a full disk).
     if _ATTENTION_MAPS.value:

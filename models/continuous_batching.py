@@ -119,16 +119,12 @@ class RowDecoder:
     search: Search
     advance: Callable
     narrow: Callable
+    shapes: Callable  # (params, rows, source_length, max_length) -> a `Decoding`'s rows, cache and context, abstract.
 
     def empty(self, params, rows: int, source_length: int, max_length: int, place: Place) -> Decoding:
         """The `Decoding` of `rows` free rows (zeros), made on the host: no program is compiled for it."""
-
-        def shapes(params):
-            inputs, nothing = jnp.zeros((rows, source_length), jnp.int32), jnp.zeros(rows, jnp.int32)
-            decoder = model_decoder(self.model, params, inputs, max_length, copies=self.search.copies)
-            return self.search.fresh(nothing, nothing, max_length=max_length), decoder.cache, decoder.context
-
-        zeros = jax.tree.map(lambda leaf: np.zeros(leaf.shape, leaf.dtype), jax.eval_shape(shapes, params))
+        shapes = self.shapes(params, rows, source_length, max_length)
+        zeros = jax.tree.map(lambda leaf: np.zeros(leaf.shape, leaf.dtype), shapes)
         return place(Decoding(*zeros, sentences=np.full(rows, NO_SENTENCE, np.int32)))
 
 
@@ -167,11 +163,20 @@ def row_decoder(model: Transformer, search: Search) -> RowDecoder:
         grown = _grown(cut_down, len(sentences), stage.rows - len(sentences))  # The new rows free: zeros.
         return _laid_out(grown._replace(sentences=grown.sentences.at[len(sentences) :].set(NO_SENTENCE)), layout)
 
+    def shapes(params, rows: int, source_length: int, max_length: int):
+        def made(params):
+            inputs, nothing = jnp.zeros((rows, source_length), jnp.int32), jnp.zeros(rows, jnp.int32)
+            decoder = model_decoder(model, params, inputs, max_length, copies=search.copies)
+            return search.fresh(nothing, nothing, max_length=max_length), decoder.cache, decoder.context
+
+        return jax.eval_shape(made, params)
+
     return RowDecoder(
         model,
         search,
         advance=jax.jit(advance, static_argnames=('layout',), donate_argnums=(1,)),
         narrow=jax.jit(narrow, static_argnames=('stage', 'layout')),
+        shapes=shapes,
     )
 
 

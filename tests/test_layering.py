@@ -201,4 +201,8 @@ def test_translating_imports_no_tensorflow_datasets():
 def test_loading_a_trained_model_imports_no_optimizer_or_scorer():
     # translate.py restores parameters: no optimizer state, no BLEU. Each costs a start a tenth of a second
     # or so beside JAX and Flax (training.state imports optax; training.tasks.translation_eval both).
-    _assert_imports_leave_out("training.inference, training.checkpoints.checkpointer", "optax", "sacrebleu")
+    _assert_imports_leave_out(
+        "training.inference, training.checkpoints.checkpointer, training.tasks.translation_decoding",
+        "optax",
+        "sacrebleu",
+    )

@@ -66,13 +66,12 @@ def test_translate_from_a_file_equals_stdin_and_greedy_equals_a_beam_search_of_w
     assert beam_one == from_stdin.stdout.splitlines()
 
 
-def _compiled_and_read(stderr: str) -> tuple[collections.Counter, collections.Counter]:
-    """The programs a process compiled, and those it read from the persistent compilation cache, by module name
-    ('jit_advance'), from what JAX logs with JAX_LOG_COMPILES=1: 'Finished XLA compilation of jit(advance)' after
-    either, and before it "Persistent compilation cache hit for 'jit_advance'" where the program was read."""
-    finished = re.findall(r"Finished XLA compilation of (\S+) in", stderr)
-    read = collections.Counter(re.findall(r"Persistent compilation cache hit for '([^']+)'", stderr))
-    return collections.Counter(re.sub(r"\W+", "_", name).strip("_") for name in finished) - read, read
+def _compiled(stderr: str) -> collections.Counter:
+    """The programs a process compiled, by module name ('jit_advance'), from what JAX logs with JAX_LOG_COMPILES=1:
+    'Finished XLA compilation of jit(advance)'."""
+    return collections.Counter(
+        re.sub(r"\W+", "_", name).strip("_") for name in re.findall(r"Finished XLA compilation of (\S+) in", stderr)
+    )
 
 
 def test_translate_keeps_its_compiled_decoding_in_the_runs_cache_folder(trained_workdir, tmp_path):
@@ -91,15 +90,15 @@ def test_translate_keeps_its_compiled_decoding_in_the_runs_cache_folder(trained_
     for _ in range(2):
         result = run_entry_point("translate.py", f"--workdir={workdir}", stdin=lines, env={"JAX_LOG_COMPILES": "1"})
         assert result.returncode == 0, result.stderr[-3000:]
-        runs.append((result.stdout, *_compiled_and_read(result.stderr)))
-    (first_output, first_compiled, _), (second_output, second_compiled, second_read) = runs
-    # The restore compiles nothing (integrity sums in NumPy): the first run compiles only its decoding, a
-    # program a stage of source length and one to narrow to the second, and keeps each in the cache.
-    assert first_compiled == collections.Counter({"jit_advance": 2, "jit_narrow": 1})
-    kept = collections.Counter(entry.split("-")[0] for entry in os.listdir(cache) if entry.endswith("-cache"))
-    assert kept == first_compiled
-    assert second_compiled == collections.Counter(), "the second translate.py compiled programs again"
-    assert second_read == first_compiled
+        runs.append((result.stdout, _compiled(result.stderr)))
+    (first_output, first_compiled), (second_output, second_compiled) = runs
+    # The first run compiles its decoding, a program a stage of source length and one to narrow to the second,
+    # and keeps each in the program store (training/runtime/program_store.py); the second reads them back.
+    decoding = collections.Counter({"jit_advance": 2, "jit_narrow": 1})
+    assert collections.Counter({name: first_compiled[name] for name in decoding}) == decoding, first_compiled
+    kept = [entry for entry in os.listdir(cache / "programs") if entry.startswith("executable_")]
+    assert len(kept) == sum(decoding.values()), kept
+    assert not any(second_compiled[name] for name in decoding), second_compiled
     assert second_output == first_output
 
 

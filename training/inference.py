@@ -24,6 +24,7 @@ from models import Transformer
 from models.build import init_boxed_params, is_classification, make_model
 from training.checkpoints.checkpointer import Checkpointer, Selection
 from training.runtime import sharding
+from training.runtime.program_store import ProgramStore
 from training.tasks import translation_decoding
 
 
@@ -69,7 +70,9 @@ class TrainedModel:
     labels: Labels | None = None  # A classifier's classes; None for translation.
 
 
-def load_trained_model(config: ml_collections.ConfigDict, workdir: str, checkpoint: str = "latest") -> TrainedModel:
+def load_trained_model(
+    config: ml_collections.ConfigDict, workdir: str, checkpoint: str = "latest", store: ProgramStore | None = None
+) -> TrainedModel:
     """Restores a workdir's parameters and tokenizer for the model config describes.
 
     Args:
@@ -77,6 +80,7 @@ def load_trained_model(config: ml_collections.ConfigDict, workdir: str, checkpoi
         workdir: the run's workdir.
         checkpoint: 'latest', 'best', 'average:N' or a step (see `Checkpointer.select`). 'latest' is
             the newest intact step: a damaged later one is skipped with one warning (and left in place).
+        store: where the parameters' shapes are kept from one process to the next (None: traced from the model).
 
     Raises:
         UserInputError: no checkpoint or tokenizer in the workdir, a bad checkpoint
@@ -95,8 +99,12 @@ def load_trained_model(config: ml_collections.ConfigDict, workdir: str, checkpoi
     labels = load_labels(workdir) if is_classification(config) else None
     mesh = sharding.make_mesh(config.mesh)
     model = make_model(config, tokenizer.vocab_size(), num_classes=len(labels.names) if labels else 0)
+
     # Parameters are restored straight onto their shards, as config.mesh.rules lay them out.
-    boxed = jax.eval_shape(lambda: init_boxed_params(model, jax.random.PRNGKey(0)))
+    def boxed_shapes():
+        return jax.eval_shape(lambda: init_boxed_params(model, jax.random.PRNGKey(0)))
+
+    boxed = boxed_shapes() if store is None else store.shapes(["parameters", repr(model)], boxed_shapes)
     abstract_params = sharding.with_shardings(
         nn.unbox(boxed), sharding.shardings_from_boxes(boxed, mesh, config.mesh.rules)
     )

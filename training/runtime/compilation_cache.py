@@ -16,13 +16,9 @@ from absl import logging
 DEFAULT_DIR = "~/.cache/aiayn/jax_compilation"
 
 
-def enable(cache_dir: str) -> str | None:
-    """Turns the persistent cache on in `cache_dir` ('~' expanded); '' leaves it off.
-
-    Returns:
-        The cache folder, or None when it is off or cannot be created (logged: a run
-        without the cache is only slower to start).
-    """
+def cache_folder(cache_dir: str) -> str | None:
+    """`cache_dir` ('~' expanded) made if needed; None for '' or a folder that cannot be made (logged: a run
+    without the cache is only slower to start)."""
     if not cache_dir:
         return None
     path = os.path.abspath(os.path.expanduser(cache_dir))
@@ -30,6 +26,18 @@ def enable(cache_dir: str) -> str | None:
         os.makedirs(path, exist_ok=True)
     except OSError as e:
         logging.warning("No compilation cache: cannot create %s (%s); every step compiles anew.", path, e.strerror)
+        return None
+    return path
+
+
+def enable(cache_dir: str) -> str | None:
+    """Turns the persistent cache on in `cache_dir` ('~' expanded); '' leaves it off.
+
+    Returns:
+        The cache folder, or None when it is off or cannot be created.
+    """
+    path = cache_folder(cache_dir)
+    if path is None:
         return None
     jax.config.update("jax_compilation_cache_dir", path)
     # Every program, not only those compiling for over a second (JAX's default): decoding compiles a few

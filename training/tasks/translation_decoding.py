@@ -24,6 +24,7 @@ from models.beam_search import BeamSearch
 from models.decoding import sentences_per_batch
 from models.search import Search, SpecialIds
 from models.token_search import TokenSearch, argmax_token, sampled_token
+from training.runtime.program_store import ProgramStore
 from training.runtime.sharding import batch_sharding, decoding_cache_sharding, num_batch_shards
 from training.tasks import base
 
@@ -54,21 +55,42 @@ class Translator:
     decoding: str  # As `describe_decoding` puts it.
 
 
-def translator(config: ml_collections.ConfigDict, model: Transformer, tokenizer, mesh) -> Translator:
-    """The `Translator` of config.eval for `model` on `mesh`."""
+def translator(
+    config: ml_collections.ConfigDict, model: Transformer, tokenizer, mesh, store: ProgramStore | None = None
+) -> Translator:
+    """The `Translator` of config.eval for `model` on `mesh`; its programs kept in `store` (None: traced anew)."""
     eval_config = config.eval
+    sentences = sentences_per_batch(eval_config.per_device_batch_size, eval_config.beam_size)
+    decoder = continuous_batching.row_decoder(model, search_of(eval_config, config.seed))
+    if store is not None:
+        description = {"model": config.model.to_dict(), "search": describe_decoding(eval_config), "seed": config.seed}
+        decoder = _stored(decoder, store, description)
     return Translator(
-        decoder=continuous_batching.row_decoder(model, search_of(eval_config, config.seed)),
+        decoder=decoder,
         mesh=mesh,
         rules=config.mesh.rules,
         tokenizer=tokenizer,
         boundaries=tuple(config.dataset.bucket_boundaries),
-        rows=base.batch_sizes(
-            config, sentences_per_batch(eval_config.per_device_batch_size, eval_config.beam_size), mesh
-        ),
+        rows=base.batch_sizes(config, sentences, mesh),
         max_decode_length=eval_config.max_decode_length,
         decoding=describe_decoding(eval_config),
     )
+
+
+def _stored(decoder: continuous_batching.RowDecoder, store: ProgramStore, description: dict):
+    """`decoder` whose compiled programs and shapes `store` keeps from one process to the next."""
+
+    def advance(params, decoding, block, min_done, *, layout):
+        args = (params, decoding, block, min_done)
+        return store.compiled([description, "advance"], decoder.advance, *args, layout=layout)(*args)
+
+    def narrow(decoding, *, stage, layout):
+        return store.compiled([description, "narrow"], decoder.narrow, decoding, stage=stage, layout=layout)(decoding)
+
+    def shapes(params, *sizes):
+        return store.shapes([description, "decoding", *sizes], lambda: decoder.shapes(params, *sizes), params)
+
+    return dataclasses.replace(decoder, advance=advance, narrow=narrow, shapes=shapes)
 
 
 def translate_ids(translator: Translator, params, sources: batching.RaggedIds) -> list[list[int]]:

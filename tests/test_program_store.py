@@ -1,0 +1,82 @@
+"""The program store: a second process reads back what the first compiled, and never a stale or damaged entry."""
+
+import os
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from conftest import REPO_ROOT
+
+from training.runtime import program_store
+
+# A process that computes f(x) through a store in argv[1] (code fingerprint argv[2]) and prints what it compiled.
+_PROCESS = """
+import sys
+import jax, jax.numpy as jnp, numpy as np
+from common.compile_events import BACKEND_COMPILE_EVENT, compile_events
+from training.runtime.program_store import ProgramStore
+
+store = ProgramStore(sys.argv[1], code=sys.argv[2])
+f = jax.jit(lambda x, scale: jnp.cumsum(x) * scale, static_argnames="scale")
+x = np.arange(6, dtype=np.float32)
+with compile_events() as events:
+    shapes = store.shapes(["shapes of f"], lambda: jax.eval_shape(f, x, scale=2.0), x)
+    y = store.compiled(["f"], f, x, scale=2.0)(x)
+print(sum(event == BACKEND_COMPILE_EVENT for event, _, _ in events), shapes.shape, np.asarray(y).tolist())
+"""
+
+
+def _run(folder, code="code 1"):
+    env = dict(os.environ, PYTHONPATH=REPO_ROOT, JAX_PLATFORMS="cpu")
+    result = subprocess.run(
+        [sys.executable, "-c", _PROCESS, str(folder), code], capture_output=True, text=True, env=env, cwd=REPO_ROOT
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result.stdout.strip(), result.stderr
+
+
+@pytest.mark.slow
+def test_a_second_process_reads_the_program_back_and_other_code_compiles_its_own(tmp_path):
+    expected = "(6,) [0.0, 2.0, 6.0, 12.0, 20.0, 30.0]"
+    assert _run(tmp_path)[0] == f"1 {expected}"  # Compiled, and stored.
+    assert _run(tmp_path)[0] == f"0 {expected}"  # Read back: nothing compiled.
+    assert _run(tmp_path, code="code 2")[0] == f"1 {expected}"  # Changed code: compiled anew.
+    assert sorted(name.split("_")[0] for name in os.listdir(tmp_path)) == ["executable"] * 2 + ["shapes"] * 2
+
+
+@pytest.mark.slow
+def test_a_damaged_entry_is_made_anew_with_a_warning(tmp_path):
+    _run(tmp_path)
+    for name in os.listdir(tmp_path):
+        with open(tmp_path / name, "r+b") as f:
+            f.truncate(os.path.getsize(tmp_path / name) // 2)
+    output, stderr = _run(tmp_path)
+    assert output == "1 (6,) [0.0, 2.0, 6.0, 12.0, 20.0, 30.0]"
+    assert "is unreadable" in stderr and "making it anew" in stderr
+    assert _run(tmp_path)[0].startswith("0 ")  # Written whole again.
+
+
+def test_the_store_is_off_where_jax_keeps_its_own_cache(tmp_path):
+    """An executable XLA:CPU reads back from JAX's cache does not serialize again: one or the other."""
+    assert program_store.program_store(None, packages=(program_store,)) is None
+    before = jax.config.jax_compilation_cache_dir
+    jax.config.update("jax_compilation_cache_dir", str(tmp_path / "jax"))
+    try:
+        assert program_store.program_store(str(tmp_path), packages=(program_store,)) is None
+    finally:
+        jax.config.update("jax_compilation_cache_dir", before)
+    assert program_store.program_store(str(tmp_path), packages=(program_store,)) is not None
+
+
+def test_stored_shapes_are_the_eval_shape_of_the_arguments_given(tmp_path):
+    store = program_store.ProgramStore(str(tmp_path), code="code")
+
+    def shapes(x):
+        return store.shapes(["rows"], lambda: jax.eval_shape(lambda y: jnp.concatenate([y, y]), x), x)
+
+    assert shapes(np.zeros(3, np.float32)).shape == (6,)
+    assert shapes(np.zeros(5, np.float32)).shape == (10,)  # Other arguments, another entry.
+    assert shapes(np.zeros(5, np.int32)).dtype == np.int32
