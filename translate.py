@@ -89,7 +89,8 @@ def _draw_attention_maps(trained, lines: list[str], translations: list[str], out
 
 def translate(workdir: str) -> None:
     import models  # pylint: disable=g-import-not-at-top  (what the stored programs run)
-    from training import inference, text_io  # pylint: disable=g-import-not-at-top  (JAX starts here)
+    from common.compile_events import TRACING_EVENTS, compile_events  # pylint: disable=g-import-not-at-top
+    from training import inference, phases, text_io  # pylint: disable=g-import-not-at-top  (JAX starts here)
     from training.runtime import compilation_cache  # pylint: disable=g-import-not-at-top
     from training.runtime.program_store import program_store  # pylint: disable=g-import-not-at-top
     from training.tasks import translation_decoding  # pylint: disable=g-import-not-at-top
@@ -106,12 +107,21 @@ def translate(workdir: str) -> None:
     lines = text_io.read_input_lines(_INPUT.value)
     # 'source<TAB>target' lines are for attention maps; otherwise a tab is part of the sentence.
     sources = [line.partition("\t")[0] for line in lines] if _ATTENTION_MAPS.value else lines
-    trained = inference.load_trained_model(config, workdir, _CHECKPOINT.value, store)
-    decoding = describe_decoding(config.eval)
-    logging.info("Translating %d lines: %s, %s.", len(lines), trained.selection.description, decoding)
-    translator = translation_decoding.translator(config, trained.model, trained.tokenizer, trained.mesh, store)
-    translations = inference.translate_lines(translator, trained.params, sources, config.dataset.max_length)
+    imported = phases.process_age_seconds()  # The interpreter, the imports, the config: before any phase.
+    clock = phases.PhaseClock()
+    with compile_events() as events, clock.counting_compiles():
+        with clock.phase("restore"):
+            trained = inference.load_trained_model(config, workdir, _CHECKPOINT.value, store)
+        decoding = describe_decoding(config.eval)
+        logging.info("Translating %d lines: %s, %s.", len(lines), trained.selection.description, decoding)
+        with clock.phase("decoding"):
+            translator = translation_decoding.translator(config, trained.model, trained.tokenizer, trained.mesh, store)
+            translations = inference.translate_lines(translator, trained.params, sources, config.dataset.max_length)
     text_io.write_output_lines(translations, _OUTPUT.value)  # First: drawing maps may still fail (a full disk).
+    tracing = sum(seconds for event, seconds, _ in events if event in TRACING_EVENTS)
+    seconds = {"imports": imported or 0.0, "restore": clock.seconds["restore"], "tracing": tracing}
+    seconds.update(compiling=clock.seconds[phases.COMPILE] - tracing, decoding=clock.seconds["decoding"])
+    logging.info("Start-up and translation: %s.", phases.describe(seconds))
     if _ATTENTION_MAPS.value:
         title = f"Attention of {workdir}, {trained.selection.description}"
         _draw_attention_maps(trained, lines, translations, _ATTENTION_MAPS.value, title)

@@ -45,7 +45,7 @@ from common.compile_events import BACKEND_COMPILE_EVENT, compile_events
 from exporting import exporter
 from input_pipeline.text_lines import read_lines
 from models.decoding import decode_length
-from training import inference
+from training import inference, phases
 from training.config_checks import validate_config
 from training.reporting.logs import quiet_library_logs
 from training.runtime import host_memory
@@ -100,15 +100,23 @@ def _counting_programs(call):
     return result, {"programs": len(compiles), "compiling_seconds": sum(compiles), "tracing_seconds": tracing}
 
 
-def _whole_process(command: list[str]) -> float:
-    """Seconds `command` ran, from the repository's root; a failure ends the benchmark with the command's errors."""
+def _whole_process(command: list[str]) -> dict:
+    """{'seconds': how long `command` ran, from the repository's root, 'phases': the seconds of each phase that
+    translate.py logs (imports, restore, tracing, compiling, decoding; {} for another command)}; a failure ends
+    the benchmark with the command's errors."""
     start = time.perf_counter()
     env = {**os.environ, "XLA_FLAGS": _CALLERS_XLA_FLAGS}  # Without this process's dump.
     finished = subprocess.run(command, capture_output=True, text=True, cwd=records.REPO_ROOT, env=env)
     seconds = time.perf_counter() - start
     if finished.returncode:
         sys.exit(f"error: {' '.join(command)} exited with {finished.returncode}:\n{finished.stderr[-3000:]}")
-    return seconds
+    logged = [line for line in finished.stderr.splitlines() if "Start-up and translation:" in line]
+    return {"seconds": seconds, "phases": phases.parse(logged[-1]) if logged else {}}
+
+
+# What any JAX program that restores a checkpoint and reads a SentencePiece model imports: the floor under
+# translate.py's start-up on this machine.
+BARE_IMPORTS = "import jax, flax, orbax.checkpoint, sentencepiece; jax.numpy.zeros(1)"
 
 
 def _row(
@@ -247,11 +255,38 @@ def _time_processes(workdir, folders, lines, beam_size, alpha, config, scratch, 
                 *(f"--beam_size={beam_size}", f"--length_penalty={alpha}", f"--batch_size={ct2_batch_size}"),
                 *(f"--max_decoding_length={config.eval.max_decode_length}", f"--max_source_length={max_source}"),
             ]
+        if beam_size == 1 and part == "first":
+            commands["python: the bare imports"] = [sys.executable, "-c", BARE_IMPORTS]
         processes += [
-            {"command": command, "beam_size": beam_size, "lines": len(inputs), "seconds": _whole_process(c)}
+            {"command": command, "beam_size": beam_size, "lines": len(inputs), **_whole_process(c)}
             for command, c in commands.items()
         ]
     return processes
+
+
+def _startup_ratios(processes: list[dict]) -> dict:
+    """For each dtype translate.py ran in: its one line, cached, less the bare imports (seconds); the whole split,
+    cached and cold, over CTranslate2 float32's whole process (a ratio), at each beam size."""
+    seconds = {(p["command"], p["beam_size"]): p["seconds"] for p in processes}
+    bare = seconds.get(("python: the bare imports", 1))
+    dtypes = sorted({p["command"].split(", ")[1] for p in processes if p["command"].startswith("translate.py")})
+    figures = {}
+    for dtype in dtypes:
+        one_line = seconds.get((f"translate.py, {dtype}, one line, cached", 1))
+        if bare is not None and one_line is not None:
+            figures[f"{dtype}: one line, cached, less the bare imports (s)"] = one_line - bare
+        for beam in sorted({p["beam_size"] for p in processes}):
+            for name, command in (("cached", f"translate.py, {dtype}, cached"), ("cold", f"translate.py, {dtype}")):
+                theirs, ours = seconds.get(("CTranslate2, float32", beam)), seconds.get((command, beam))
+                if theirs and ours:
+                    figures[f"{dtype}: whole split {name}, beam {beam}, over CTranslate2 float32's"] = ours / theirs
+    return figures
+
+
+def _phase(process: dict, name: str) -> str:
+    """A process's seconds in phase `name` as a table cell (blank: not translate.py)."""
+    value = process.get("phases", {}).get(name)
+    return "" if value is None else f"{value:.2f}"
 
 
 def _compiles(row: dict) -> str:
@@ -298,9 +333,18 @@ def _write(rows, processes, profiles, lines, rounds, ct2_batch_size, ct2_devices
             "Whole processes translating the lines into a file (import, load, compile, decode, write), and the"
             " first line alone (start-up):",
             "",
-            "| command | beam | seconds |",
-            "|---|---:|---:|",
-            *(f"| {p['command']} | {p['beam_size']} | {p['seconds']:.1f} |" for p in processes),
+            "| command | beam | seconds | imports | restore | tracing | compiling | decoding |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|",
+            *(
+                f"| {p['command']} | {p['beam_size']} | {p['seconds']:.1f} | "
+                + " | ".join(_phase(p, name) for name in ("imports", "restore", "tracing", "compiling", "decoding"))
+                + " |"
+                for p in processes
+            ),
+            "",
+            "Start-up against the bare imports and CTranslate2's whole process:",
+            "",
+            *(f"- {name}: {value:.2f}" for name, value in _startup_ratios(processes).items()),
         ]
     if profiles:
         table += [
@@ -326,7 +370,13 @@ def _write(rows, processes, profiles, lines, rounds, ct2_batch_size, ct2_devices
     accelerator = {} if jax.default_backend() == "cpu" else {"accelerator": accelerator_step.accelerator()}
     record = records.new(
         "decoding a whole test split: this project and CTranslate2",
-        figures={"rows": rows, "whole_processes": processes, "profiles": profiles, "lines": len(lines)},
+        figures={
+            "rows": rows,
+            "whole_processes": processes,
+            "startup": _startup_ratios(processes),
+            "profiles": profiles,
+            "lines": len(lines),
+        },
         packages=(*records.DEFAULT_PACKAGES, "ctranslate2", "sacrebleu"),
         workdir=workdir,
         ctranslate2_devices=ct2_devices,

@@ -103,15 +103,14 @@ def _export_agreement(figures: dict) -> str:
 
 
 def _decode_speed(figures: dict) -> str:
-    """Decoding's output subwords/s by beam size: this project's 'auto' (or float32 where 'auto' did not run), and
-    CTranslate2 float32 where it ran."""
+    """Decoding's output subwords/s by beam size, this project's and CTranslate2's in the same dtype (float32, or
+    this project's 'auto' where CTranslate2 did not run); then, where they were timed, whole processes: the split
+    cached over CTranslate2's, and one line less the bare imports."""
     beams = sorted({row["beam_size"] for row in figures["rows"]})
     present = {row["engine"] for row in figures["rows"]}
-    ours = (
-        ("ours 'auto'", "this project, auto")
-        if "this project, auto" in present
-        else ("ours float32", "this project, float32")
-    )
+    ctranslate2 = "CTranslate2, float32" in present
+    ours = ("ours 'auto'", "this project, auto") if "this project, auto" in present and not ctranslate2 else None
+    ours = ours or ("ours float32", "this project, float32")
     engines = (ours, ("CTranslate2 float32", "CTranslate2, float32"))
 
     def by_beam(engine: str) -> str:
@@ -119,9 +118,18 @@ def _decode_speed(figures: dict) -> str:
         return " / ".join(f"{speeds[beam]:,.0f}" if beam in speeds else "-" for beam in beams)
 
     searches = " / ".join("greedy" if beam == 1 else f"beam {beam}" for beam in beams)
-    return f"output subwords/s, {searches}: " + "; ".join(
+    cell = f"output subwords/s, {searches}: " + "; ".join(
         f"{name} {by_beam(engine)}" for name, engine in engines if engine in present
     )
+    startup = figures.get("startup", {})
+    dtype = ours[0].split()[-1].strip("'")
+    split = [startup.get(f"{dtype}: whole split cached, beam {beam}, over CTranslate2 float32's") for beam in beams]
+    if all(ratio is not None for ratio in split):
+        cell += f"; whole processes, cached, {searches}: {' / '.join(f'{r:.2f}' for r in split)}× CTranslate2's time"
+    one_line = startup.get(f"{dtype}: one line, cached, less the bare imports (s)")
+    if one_line is not None:
+        cell += f"; one line {one_line:.1f} s over the bare imports"
+    return cell
 
 
 def _table3(figures: dict) -> str:

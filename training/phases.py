@@ -18,6 +18,7 @@ import collections
 import contextlib
 import dataclasses
 import os
+import re
 import time
 from collections.abc import Iterator
 
@@ -82,3 +83,13 @@ def process_age_seconds() -> float | None:
         return uptime - int(after_name[19]) / os.sysconf("SC_CLK_TCK")  # stat's field 22: start, in ticks after boot.
     except (OSError, ValueError, IndexError):
         return None
+
+
+def describe(seconds: dict[str, float]) -> str:
+    """'imports 2.1 s, restore 0.6 s, ...' in the dict's order: a log line that `parse` reads back."""
+    return ", ".join(f"{name} {value:.2f} s" for name, value in seconds.items())
+
+
+def parse(line: str) -> dict[str, float]:
+    """The seconds a `describe` line in `line` (a log, say) names, by phase."""
+    return {name: float(value) for name, value in re.findall(r"([a-z_]+) (\d+\.\d+) s\b", line)}
