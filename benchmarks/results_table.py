@@ -240,7 +240,6 @@ _DECODING = (
     "training/inference.py",
     "training/tasks/base.py",
     "training/tasks/translation_decoding.py",
-    "training/tasks/translation_eval.py",
     "training/config_checks.py",
     "training/divergence.py",
     "training/optimizer.py",
@@ -251,7 +250,8 @@ _DECODING = (
     "training/reporting/logs.py",
     "training/reporting/scores.py",
 )
-_TRANSLATE_PY = (*_DECODING, "translate.py", "training/text_io.py")  # The command, reading and writing lines too.
+# The command, reading and writing lines, and timing its phases too.
+_TRANSLATE_PY = (*_DECODING, "translate.py", "training/text_io.py", "training/phases.py")
 MEASURED_PATHS = {
     "benchmarks.training_run": (*_TRAINING, "benchmarks/training_run.py"),
     "benchmarks.workflow_check": (
