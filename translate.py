@@ -88,7 +88,8 @@ def _draw_attention_maps(trained, lines: list[str], translations: list[str], out
 
 
 def translate(workdir: str) -> None:
-    import models  # pylint: disable=g-import-not-at-top  (what the stored programs run)
+    import common  # pylint: disable=g-import-not-at-top  (with models, what the stored programs run)
+    import models  # pylint: disable=g-import-not-at-top
     from common.compile_events import TRACING_EVENTS, compile_events  # pylint: disable=g-import-not-at-top
     from training import inference, phases, text_io  # pylint: disable=g-import-not-at-top  (JAX starts here)
     from training.runtime import compilation_cache  # pylint: disable=g-import-not-at-top
@@ -101,7 +102,8 @@ def translate(workdir: str) -> None:
     config = _decoding_config(config)
     # A later translation with the same config and shapes reads its compiled decoding back: from the program
     # store (no tracing), or with several processes from JAX's cache.
-    store = program_store(compilation_cache.cache_folder(config.compilation_cache_dir), packages=(models,))
+    code = (models, common, translation_decoding)  # What the stored programs run: the model, searches, their ids.
+    store = program_store(compilation_cache.cache_folder(config.compilation_cache_dir), code)
     if store is None:
         compilation_cache.enable(config.compilation_cache_dir)
     lines = text_io.read_input_lines(_INPUT.value)

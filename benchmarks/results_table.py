@@ -108,9 +108,9 @@ def _decode_speed(figures: dict) -> str:
     cached over CTranslate2's, and one line less the bare imports."""
     beams = sorted({row["beam_size"] for row in figures["rows"]})
     present = {row["engine"] for row in figures["rows"]}
-    ctranslate2 = "CTranslate2, float32" in present
-    ours = ("ours 'auto'", "this project, auto") if "this project, auto" in present and not ctranslate2 else None
-    ours = ours or ("ours float32", "this project, float32")
+    matching = "CTranslate2, float32" in present and "this project, float32" in present
+    ours = ("ours float32", "this project, float32")
+    ours = ours if matching or "this project, auto" not in present else ("ours 'auto'", "this project, auto")
     engines = (ours, ("CTranslate2 float32", "CTranslate2, float32"))
 
     def by_beam(engine: str) -> str:

@@ -29,9 +29,10 @@ from models.search import Axis, Search, check_rows, fields
 from models.transformer import Transformer
 
 Array = jax.Array
-# Host arrays -> device arrays: the leading dimension of each (rows, or a block's sentences) split over
-# the devices as the batch is, scalars replicated. Every process passes the same (global) arrays.
-Place = Callable[[Any], Any]
+# (host arrays, heads) -> device arrays: the leading dimension of each (rows, or a block's sentences) split
+# over the devices as the batch is, scalars replicated; heads=True: attention caches [rows, heads, length, d],
+# split over the heads too (`Layout.heads`). Every process passes the same (global) arrays.
+Place = Callable[..., Any]
 # A device array -> the whole of it as numpy, on every process.
 Fetch = Callable[[Array], np.ndarray]
 # A row of `advance`'s report that ended no sentence.
@@ -77,9 +78,7 @@ def _put(tree, new, at: Array):
 def _put_rows(search: Search, rows, fresh, slots: Array):
     """`rows` with rows `slots` [n] replaced by `fresh`'s, as each field's declared axis says."""
     at = {Axis.ROWS: slots, Axis.COPIES: (slots[:, None] * search.copies + jnp.arange(search.copies)).ravel()}
-    news = {
-        name: _put(getattr(rows, name), getattr(fresh, name), at[axis]) for name, axis, _ in fields(rows) if axis in at
-    }
+    news = {name: _put(getattr(rows, name), getattr(fresh, name), at[axis]) for name, axis, _ in fields(rows)}
     return dataclasses.replace(rows, **news)
 
 
@@ -124,8 +123,10 @@ class RowDecoder:
     def empty(self, params, rows: int, source_length: int, max_length: int, place: Place) -> Decoding:
         """The `Decoding` of `rows` free rows (zeros), made on the host: no program is compiled for it."""
         shapes = self.shapes(params, rows, source_length, max_length)
-        zeros = jax.tree.map(lambda leaf: np.zeros(leaf.shape, leaf.dtype), shapes)
-        return place(Decoding(*zeros, sentences=np.full(rows, NO_SENTENCE, np.int32)))
+        free, cache, context = jax.tree.map(lambda leaf: np.zeros(leaf.shape, leaf.dtype), shapes)
+        # Laid out as `advance` leaves them, or its second call would compile another program.
+        context = {'inputs': place(context['inputs']), 'cross': place(context['cross'], heads=True)}
+        return Decoding(place(free), place(cache, heads=True), context, place(np.full(rows, NO_SENTENCE, np.int32)))
 
 
 def row_decoder(model: Transformer, search: Search) -> RowDecoder:
@@ -251,8 +252,7 @@ def decode_sentences(
     decoding = decoder.empty(params, stage.rows, stage.source_length, stage.max_length, place)
     unread, report = set(), None  # Sentences admitted and not yet read; the last call's report.
     while queue:
-        fits_next = lambda length: bool(stages) and length <= stages[0].source_length  # noqa: E731
-        while stages and all(fits_next(lengths[s]) for s in unread) and fits_next(lengths[queue[0]]):
+        while stages and all(lengths[s] <= stages[0].source_length for s in [*unread, queue[0]]):
             stage = stages.pop(0)
             decoding = decoder.narrow(decoding, stage=stage, layout=layout)
         block = _next_block(sources, lengths, queue, stage, max_decode_length, decoder.search.special.pad)

@@ -94,17 +94,12 @@ def decode_batch(
     """
     batch = inputs.shape[0]
     budgets = jnp.full(batch, max_length, jnp.int32) if budgets is None else budgets
-    budgets = jnp.where(is_filler(inputs, search.special.pad), 0, budgets)
+    budgets = jnp.where(jnp.all(inputs == search.special.pad, axis=1), 0, budgets)  # Filler rows: no sentence.
     sentences = jnp.arange(batch, dtype=jnp.int32) if sentences is None else sentences
     decoder = model_decoder(model, params, inputs, max_length, copies=search.copies, use_cache=use_cache)
     rows = search.fresh(sentences, budgets, max_length=max_length)
     rows, _ = search.run(decoder.next_token_logits, rows, decoder.cache, decoder.context)
     return rows
-
-
-def is_filler(inputs: Array, pad_id: int) -> Array:
-    """[batch] True for all-padding rows (batches are padded to a fixed size with them)."""
-    return jnp.all(inputs == pad_id, axis=1)
 
 
 def sentences_per_batch(hypotheses: int, beam_size: int) -> int:

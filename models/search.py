@@ -2,8 +2,8 @@
 
 A search decodes sentences in rows, one sentence a row, `copies` hypotheses a sentence (1, or the beam
 size). Its rows are a pytree dataclass whose every field declares its leading axis with `row_field`:
-`ROWS` ([rows, ...]: a sentence's), `COPIES` ([rows * copies, ...]: a hypothesis', those of row r
-being r * copies + j) or `NONE` (the whole search's, e.g. a step counter). The scheduler
+`ROWS` ([rows, ...]: a sentence's) or `COPIES` ([rows * copies, ...]: a hypothesis', those of row r
+being r * copies + j); at least one holds tokens (its last axis max_length + 1). The scheduler
 (models/continuous_batching.py) moves rows by these declarations alone: it writes a new sentence's
 `fresh` rows into a free slot, widens the rows with free ones (zeros), cuts the `tokens=True` fields'
 last axis, and splits them over devices; `check_rows` rejects a leaf that does not fit its field's
@@ -52,7 +52,6 @@ class SpecialIds(NamedTuple):
 class Axis(enum.Enum):
     """A search field's leading axis."""
 
-    NONE = 'the whole search'
     ROWS = 'rows'
     COPIES = 'rows x copies'
 
@@ -73,23 +72,23 @@ def fields(rows) -> list[tuple[str, Axis, bool]]:
 
 
 def check_rows(rows, num_rows: int, copies: int) -> None:
-    """Raises ValueError naming the field whose leaf does not have the leading axis it declares."""
+    """Raises ValueError naming the field whose leaf does not have the leading axis it declares, or the rows'
+    class if no field holds tokens."""
     sizes = {Axis.ROWS: num_rows, Axis.COPIES: num_rows * copies}
     for name, axis, _ in fields(rows):
         for leaf in jax.tree.leaves(getattr(rows, name)):
-            found = jnp.shape(leaf)[:1]
-            expected = () if axis is Axis.NONE else (sizes[axis],)
-            if found != expected:
+            if jnp.shape(leaf)[:1] != (sizes[axis],):
                 raise ValueError(
-                    f"Search field '{name}' declares {axis.value} ({expected or 'no leading axis'}) for "
-                    f'{num_rows} rows of {copies} copies, but holds a leaf of shape {jnp.shape(leaf)}.'
+                    f"Search field '{name}' declares {axis.value} ({sizes[axis]},) for {num_rows} rows of {copies} "
+                    f'copies, but holds a leaf of shape {jnp.shape(leaf)}.'
                 )
+    if not any(tokens for _, _, tokens in fields(rows)):
+        raise ValueError(f'{type(rows).__name__} has no field of tokens (row_field(..., tokens=True)).')
 
 
 class Search(Protocol):
-    """What the scheduler asks of a search.
+    """What the scheduler asks of a search. copies: hypotheses a sentence (rows of the cache a row).
 
-    copies: hypotheses a sentence (rows of the cache a row).
     fresh(sentences [n] int32, budgets [n] int32, *, max_length) -> the rows of n new sentences (their index in
         the job, which a search may key on), each to generate at most its budget of tokens (<= max_length,
         static; 0: no sentence, done at once).

@@ -232,6 +232,12 @@ def without_tensorflow(monkeypatch):
     monkeypatch.setattr(sys, "meta_path", finders_without_tensorflow(sys.meta_path))
 
 
+def on_one_device(tree, heads: bool = False):
+    """Continuous batching's `Place` on one device: host arrays to device arrays, attention caches (heads) alike."""
+    del heads
+    return jax.tree.map(jax.numpy.asarray, tree)
+
+
 def run_entry_point(
     script: str, *args: str, stdin: str | bytes | None = None, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess:

@@ -22,7 +22,6 @@ Each check prints `<check>: ok`, or its error and `<check>: FAILED`; the script 
 """
 
 import argparse
-import functools
 import sys
 import traceback
 
@@ -355,17 +354,22 @@ def check_decoding_cache() -> None:
     )
     for row, ids in enumerate(sources):
         block.inputs[row, : len(ids)] = ids
-    rows_sharding = sharding.batch_sharding(mesh, config.mesh.rules)
-    place = functools.partial(translation_decoding.place_rows, sharding=rows_sharding)
+    rows_sharding = sharding.without_unit_axes(sharding.batch_sharding(mesh, config.mesh.rules))
     held = {}
-    for name, heads in (
-        ("heads split", sharding.decoding_cache_sharding(mesh, config.mesh.rules)),
+    for name, cache_sharding in (
+        ("heads split", sharding.without_unit_axes(sharding.decoding_cache_sharding(mesh, config.mesh.rules))),
         ("rows only", rows_sharding),
     ):
+        layout = Layout(rows_sharding, cache_sharding)
+
+        def place(tree, heads=False, layout=layout):  # As translation_decoding.translate_ids places them.
+            return translation_decoding.place_rows(tree, layout.heads if heads else layout.rows)
+
         decoding = translator.decoder.empty(params, rows, source_length, max_length, place)
-        decoding, _ = translator.decoder.advance(
-            params, decoding, place(block), rows, layout=Layout(rows_sharding, heads)
-        )
+        decoding, _ = translator.decoder.advance(params, decoding, place(block), rows, layout=layout)
+        # The same program again: the decoding comes back laid out as it went in.
+        decoding, _ = translator.decoder.advance(params, decoding, place(block), rows, layout=layout)
+        _assert(translator.decoder.advance._cache_size() == (1 if name == "heads split" else 2), name)
         caches = jax.tree.leaves((decoding.cache, decoding.context["cross"]))
         held[name] = (
             sum(leaf.addressable_shards[0].data.nbytes for leaf in caches),

@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import TINY_MODEL
+from conftest import TINY_MODEL, on_one_device
 
 from models import Transformer
 from models import continuous_batching as batching
@@ -68,7 +68,7 @@ def decoders(setting) -> dict:
 
 def _decode(decoder, params, sources, refill_share, monkeypatch, rows=ROWS):
     monkeypatch.setattr(batching, "REFILL_SHARE", refill_share)  # Read between the compiled programs.
-    place = functools.partial(jax.tree.map, jnp.asarray)
+    place = on_one_device
     outputs = batching.decode_sentences(
         decoder, params, sources, rows=rows, max_decode_length=MAX_DECODE_LENGTH, place=place, fetch=np.asarray
     )
@@ -108,7 +108,7 @@ def test_the_host_reads_each_call_once_while_the_next_one_runs(setting, decoders
         return np.asarray(array)
 
     monkeypatch.setattr(batching, "REFILL_SHARE", 0.25)
-    place = functools.partial(jax.tree.map, jnp.asarray)
+    place = on_one_device
     found = dict(
         batching.decode_sentences(
             dataclasses.replace(decoder, advance=advance),

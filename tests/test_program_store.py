@@ -61,14 +61,14 @@ def test_a_damaged_entry_is_made_anew_with_a_warning(tmp_path):
 
 def test_the_store_is_off_where_jax_keeps_its_own_cache(tmp_path):
     """An executable XLA:CPU reads back from JAX's cache does not serialize again: one or the other."""
-    assert program_store.program_store(None, packages=(program_store,)) is None
+    assert program_store.program_store(None, code=(program_store,)) is None
     before = jax.config.jax_compilation_cache_dir
     jax.config.update("jax_compilation_cache_dir", str(tmp_path / "jax"))
     try:
-        assert program_store.program_store(str(tmp_path), packages=(program_store,)) is None
+        assert program_store.program_store(str(tmp_path), code=(program_store,)) is None
     finally:
         jax.config.update("jax_compilation_cache_dir", before)
-    assert program_store.program_store(str(tmp_path), packages=(program_store,)) is not None
+    assert program_store.program_store(str(tmp_path), code=(program_store,)) is not None
 
 
 def test_stored_shapes_are_the_eval_shape_of_the_arguments_given(tmp_path):
@@ -80,3 +80,13 @@ def test_stored_shapes_are_the_eval_shape_of_the_arguments_given(tmp_path):
     assert shapes(np.zeros(3, np.float32)).shape == (6,)
     assert shapes(np.zeros(5, np.float32)).shape == (10,)  # Other arguments, another entry.
     assert shapes(np.zeros(5, np.int32)).dtype == np.int32
+
+
+def test_another_static_argument_or_description_is_another_program(tmp_path):
+    store = program_store.ProgramStore(str(tmp_path), code="code")
+    f = jax.jit(lambda x, scale: x * scale, static_argnames="scale")
+    x = np.ones(3, np.float32)
+    assert store.compiled(["f"], f, x, scale=2.0)(x).tolist() == [2.0] * 3
+    assert store.compiled(["f"], f, x, scale=3.0)(x).tolist() == [3.0] * 3
+    assert store.compiled(["g"], f, x, scale=3.0) is not store.compiled(["f"], f, x, scale=3.0)
+    assert len([name for name in os.listdir(tmp_path) if name.startswith("executable_")]) == 3

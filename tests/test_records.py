@@ -366,6 +366,27 @@ def test_the_decoding_cell_shows_the_engines_and_searches_its_record_has():
     assert cell == "output subwords/s, greedy / beam 4: ours 'auto' 1,234 / -; CTranslate2 float32 - / 99"
 
 
+def test_the_decoding_cell_compares_matching_dtypes_and_whole_processes():
+    rows = [
+        {"engine": engine, "beam_size": 1, "output_subwords_per_second": speed}
+        for engine, speed in (
+            ("this project, auto", 2000.0),
+            ("this project, float32", 1000.0),
+            ("CTranslate2, float32", 900.0),
+        )
+    ]
+    startup = {
+        "float32: whole split cached, beam 1, over CTranslate2 float32's": 1.234,
+        "float32: one line, cached, less the bare imports (s)": 0.87,
+        "auto: whole split cached, beam 1, over CTranslate2 float32's": 1.1,
+    }
+    cell = results_table._decode_speed({"rows": rows, "startup": startup})
+    assert cell == (
+        "output subwords/s, greedy: ours float32 1,000; CTranslate2 float32 900; whole processes, cached, greedy: "
+        "1.23× CTranslate2's time; one line 0.9 s over the bare imports"
+    )
+
+
 def _results_with(tmp_path, name: str, record: dict) -> str:
     """A results folder holding `record` as `name`."""
     folder = tmp_path / "results"
@@ -527,8 +548,8 @@ def _loaded_files(statements: list[str]) -> set[str]:
     run = subprocess.run([sys.executable, "-c", script], cwd=REPO_ROOT, capture_output=True, text=True, check=True)
     found = set()
     for path in run.stdout.split():
-        if not os.path.isabs(path) or os.path.commonpath([path, REPO_ROOT]) != REPO_ROOT:
-            continue
+        if not os.path.isabs(path) or os.path.commonpath([path, REPO_ROOT]) != REPO_ROOT or "site-packages" in path:
+            continue  # Not the project's: another folder, or a virtual environment inside the checkout (.venv).
         with open(path, encoding="utf-8") as source:
             body = ast.parse(source.read()).body
         if not all(isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant) for node in body):

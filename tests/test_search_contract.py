@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import TINY_MODEL
+from conftest import TINY_MODEL, on_one_device
 
 from models import Transformer
 from models import continuous_batching as batching
@@ -27,7 +27,7 @@ SEARCHES = {
     "beam 3": BeamSearch(3, 0.6, SPECIAL),
     "sampling": TokenSearch(sampled_token(1.0), SPECIAL, seed=3),
 }
-VOCAB, MAX_DECODE_LENGTH = 12, 24
+VOCAB, MAX_DECODE_LENGTH = 12, 48  # Stages of 16 and 8 source ids: 40 and 24 output tokens.
 
 
 def _markov_logits(seed=0):
@@ -78,7 +78,7 @@ def _sources(count, seed=0, longest=16):
 
 def _decode(search, model, params, sources, rows=None):
     rows = rows or {8: 6, 16: 4}
-    place = functools.partial(jax.tree.map, jnp.asarray)
+    place = on_one_device
     decoder = batching.row_decoder(model, search)
     found = batching.decode_sentences(
         decoder, params, sources, rows=rows, max_decode_length=MAX_DECODE_LENGTH, place=place, fetch=np.asarray
@@ -99,7 +99,7 @@ def test_narrowing_keeps_every_rows_done_and_best_and_adds_free_rows(name, model
     block = batching.Block(
         inputs, decode_length(np.array([len(s) for s in sources.values()]), 24), np.arange(4, dtype=np.int32)
     )
-    place = functools.partial(jax.tree.map, jnp.asarray)
+    place = on_one_device
     decoding = decoder.empty(params, wide.rows, wide.source_length, wide.max_length, place)
     decoding, _ = decoder.advance(params, decoding, place(block), 1, layout=None)
     done, best = np.asarray(search.done(decoding.rows)), np.asarray(search.best(decoding.rows))
@@ -109,6 +109,18 @@ def test_narrowing_keeps_every_rows_done_and_best_and_adds_free_rows(name, model
     np.testing.assert_array_equal(np.asarray(search.best(narrowed.rows))[:4], best[:, : narrow.max_length])
     assert np.all(best[:, narrow.max_length :] == PAD)
     np.testing.assert_array_equal(narrowed.sentences, [0, 1, 2, 3, batching.NO_SENTENCE, batching.NO_SENTENCE])
+    # Decoded on to the end, narrowed or not: the same outputs.
+    outputs = []
+    for stage, state in ((narrow, narrowed), (wide, decoding)):
+        nothing = batching.Block(
+            np.zeros((stage.block_rows, stage.source_length), np.int32),
+            np.zeros(stage.block_rows, np.int32),
+            np.full(stage.block_rows, batching.NO_SENTENCE, np.int32),
+        )
+        state, _ = decoder.advance(params, state, place(nothing), stage.rows, layout=None)
+        outputs.append(np.asarray(search.best(state.rows))[:4, : narrow.max_length])
+    np.testing.assert_array_equal(*outputs)
+    assert len({int(np.count_nonzero(row != PAD)) for row in outputs[0]}) > 1
 
 
 @pytest.mark.parametrize("name", SEARCHES)
@@ -142,5 +154,8 @@ class _MisfitBeamSearch(BeamSearch):
 
 def test_a_field_that_does_not_have_its_declared_row_axis_is_refused_by_name(model_and_params):
     model, params = model_and_params
-    with pytest.raises(ValueError, match=r"^Search field 'per_hypothesis' declares rows \(\(4,\)\) for 4 rows of 3"):
+    expected = (
+        r"^Search field 'per_hypothesis' declares rows \(4,\) for 4 rows of 3 copies, but holds a leaf of shape \(12,\)"
+    )
+    with pytest.raises(ValueError, match=expected):
         _decode(_MisfitBeamSearch(3, 0.6, SPECIAL), model, params, _sources(3), rows={16: 4})

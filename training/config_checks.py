@@ -72,7 +72,7 @@ def _check_run(config: ml_collections.ConfigDict) -> None:
 
 
 def _check_decoding_memory(config: ml_collections.ConfigDict) -> None:
-    """Evaluation's decoding fits in one device: each bucket's batch, sized as translation_decoding.translator sizes its rows."""
+    """Evaluation's decoding fits in one device: each bucket's batch, sized as translation_decoding sizes rows."""
     tokens = sentences_per_batch(config.eval.per_device_batch_size, config.eval.beam_size) * config.dataset.max_length
     available, where = device_memory.memory_per_device()
     decoding_checks.check_decoding_memory(

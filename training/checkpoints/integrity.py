@@ -133,12 +133,12 @@ def _host_leaf_summary(x: np.ndarray) -> tuple[np.ndarray, bool]:
     return np.array([weighted % 2**32, mixed % 2**32], np.uint32), finite
 
 
-def _summary(leaf: Any, restoring: bool) -> tuple[np.ndarray, bool]:
+def _summary(leaf: Any) -> tuple[np.ndarray, bool]:
     """[2] uint32 fingerprint and 'finite' of one leaf: in NumPy where this process holds all of it in host
-    memory, or restores it (once: a restore compiles no program); jitted on the devices of a leaf spread
-    over processes, or on an accelerator at each save (no copy of the state to the host, no host-speed sums)."""
-    on_device = isinstance(leaf, jax.Array) and any(device.platform != "cpu" for device in leaf.devices())
-    if isinstance(leaf, jax.Array) and (not leaf.is_fully_addressable or (on_device and not restoring)):
+    memory (a CPU's: no program to compile at a restore); jitted on the devices of a leaf spread over processes,
+    or on an accelerator (no copy of a train state to the host, no sums at host speed)."""
+    on_accelerator = isinstance(leaf, jax.Array) and any(device.platform != "cpu" for device in leaf.devices())
+    if isinstance(leaf, jax.Array) and (not leaf.is_fully_addressable or on_accelerator):
         sums, finite = jax.device_get(_leaf_summary(leaf))
         return sums, bool(finite)
     return _host_leaf_summary(np.asarray(jax.device_get(leaf)))
@@ -147,12 +147,12 @@ def _summary(leaf: Any, restoring: bool) -> tuple[np.ndarray, bool]:
 class Summary:
     """A pytree's fingerprints by leaf name, and the names of its leaves that hold NaN or Inf."""
 
-    def __init__(self, tree: Any, restoring: bool = False):
+    def __init__(self, tree: Any):
         leaves = jax.tree.leaves(tree)
         # One leaf at a time: with leaves spread over processes each summary is a collective program, and
         # on a host with more (simulated) devices than cores, several in flight at once can hold every XLA
         # thread while each waits for the others (a rendezvous timeout). The arrays are few and small.
-        summaries = [_summary(leaf, restoring) for leaf in leaves]
+        summaries = [_summary(leaf) for leaf in leaves]
         sums, finite = zip(*summaries) if leaves else ((), ())
         names = leaf_names(tree)
         self.leaves = {

@@ -99,7 +99,7 @@ def restore_verified(
     if error is not None:
         raise damaged(error)
 
-    summary = Summary(restored["state"], restoring=True)
+    summary = Summary(restored["state"])
     if summary.nonfinite:
         raise damaged(f"it holds NaN or Inf in {some_names(summary.nonfinite)}")
     if mismatches := summary.mismatches(recorded):

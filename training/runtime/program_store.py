@@ -11,14 +11,17 @@ XLA's flags and the devices. A stale or unreadable entry is made anew, with a wa
 only, with JAX's cache off (`program_store`): several processes keep their programs in JAX's cache.
 """
 
+import contextlib
 import hashlib
 import json
 import os
 import pickle
+import tempfile
 from collections.abc import Callable, Sequence
 from types import ModuleType
 from typing import Any
 
+import flax
 import jax
 import jaxlib
 import numpy as np
@@ -29,15 +32,16 @@ from jax.experimental import serialize_executable
 FORMAT_VERSION = 1
 
 
-def source_fingerprint(packages: Sequence[ModuleType]) -> str:
-    """sha256 of the Python sources of `packages` (their folders' .py files): what stored programs compute."""
+def source_fingerprint(modules: Sequence[ModuleType]) -> str:
+    """sha256 of the Python sources of `modules` (a package: every .py file of its folder): what stored programs
+    compute."""
     digest = hashlib.sha256()
-    for package in packages:
-        folder = os.path.dirname(package.__file__)
-        for name in sorted(os.listdir(folder)):
+    for module in modules:
+        folder, file = os.path.split(module.__file__)
+        for name in sorted(os.listdir(folder)) if file == "__init__.py" else [file]:
             if name.endswith(".py"):
                 with open(os.path.join(folder, name), "rb") as f:
-                    digest.update(f"{package.__name__}/{name}".encode() + b"\0" + f.read())
+                    digest.update(f"{module.__name__}/{name}".encode() + b"\0" + f.read())
     return digest.hexdigest()
 
 
@@ -63,7 +67,8 @@ class ProgramStore:
             "description": description,
             "parts": parts,
             "code": self.code,
-            "jax": [jax.__version__, jaxlib.__version__],
+            "versions": [jax.__version__, jaxlib.__version__, flax.__version__],
+            "jax_config": [jax.config.jax_enable_x64, jax.config.jax_default_matmul_precision],
             "xla_flags": os.environ.get("XLA_FLAGS", ""),
             "devices": [len(devices), devices[0].platform, devices[0].device_kind],
         }
@@ -80,13 +85,17 @@ class ProgramStore:
             logging.warning("Stored program %s is unreadable (%s); making it anew.", path, e)
             return None
 
-    def _write(self, path: str, value) -> None:
+    def _write(self, path: str, make_value: Callable[[], Any]) -> None:
+        """Writes `make_value()` to `path` whole or not at all (a file of its own, renamed: writers may race)."""
+        descriptor, temporary = tempfile.mkstemp(dir=self.folder, suffix=".tmp")
         try:
-            with open(path + ".tmp", "wb") as f:
-                pickle.dump(value, f)
-            os.replace(path + ".tmp", path)
-        except OSError as e:  # A full disk: the next process only starts slower.
-            logging.warning("Could not store %s (%s).", path, e.strerror)
+            with os.fdopen(descriptor, "wb") as f:
+                pickle.dump(make_value(), f)
+            os.replace(temporary, path)
+        except Exception as e:  # pylint: disable=broad-except  (a full disk, an executable that does not serialize)
+            logging.warning("Could not store %s (%s); the next process compiles it again.", path, e)
+            with contextlib.suppress(OSError):
+                os.remove(temporary)
 
     def shapes(self, description: Any, make: Callable[[], Any], *args) -> Any:
         """`make()`, an `eval_shape` of `args`, read back if `description` and the arguments' shapes were seen."""
@@ -96,7 +105,7 @@ class ProgramStore:
             self._loaded[key] = self._read(path)
             if self._loaded[key] is None:
                 self._loaded[key] = make()
-                self._write(path, self._loaded[key])
+                self._write(path, lambda: self._loaded[key])
         return self._loaded[key]
 
     def compiled(self, description: Any, jitted, *args, **static) -> Callable:
@@ -107,7 +116,7 @@ class ProgramStore:
             self._loaded[key] = self._load(path)
             if self._loaded[key] is None:
                 self._loaded[key] = jitted.lower(*args, **static).compile()
-                self._write(path, serialize_executable.serialize(self._loaded[key]))
+                self._write(path, lambda: serialize_executable.serialize(self._loaded[key]))
         return self._loaded[key]
 
     def _load(self, path: str):
@@ -125,9 +134,9 @@ def _shapes(tree) -> tuple:
     return tuple((np.shape(x), np.result_type(x).str) for x in jax.tree.leaves(tree))
 
 
-def program_store(folder: str | None, packages: Sequence[ModuleType]) -> ProgramStore | None:
-    """The store in `folder`/programs of programs that run `packages`' code, for one process whose JAX
-    compilation cache is off (None otherwise).
+def program_store(folder: str | None, code: Sequence[ModuleType]) -> ProgramStore | None:
+    """The store in `folder`/programs of programs that run `code`'s modules and packages, for one process whose
+    JAX compilation cache is off (None otherwise).
 
     An executable that XLA:CPU reads back from JAX's cache does not serialize again (its functions are
     missing when that copy is loaded: "Function ... not found"), so a process keeps its programs in one or
@@ -135,4 +144,4 @@ def program_store(folder: str | None, packages: Sequence[ModuleType]) -> Program
     """
     if folder is None or jax.process_count() > 1 or jax.config.jax_compilation_cache_dir is not None:
         return None
-    return ProgramStore(os.path.join(folder, "programs"), source_fingerprint(packages))
+    return ProgramStore(os.path.join(folder, "programs"), source_fingerprint(code))

@@ -73,6 +73,19 @@ def batch_sharding(mesh: Mesh, rules: LogicalRules = BATCH_RULES) -> NamedShardi
     return NamedSharding(mesh, PartitionSpec(axes or None))
 
 
+def without_unit_axes(sharding: NamedSharding) -> NamedSharding:
+    """`sharding` without the mesh axes of size 1 in its spec: the sharding XLA gives a program's outputs (P('data')
+    for P(('data', 'fsdp')) where fsdp is 1), so that arrays passed back in keep the program they came from."""
+
+    def kept(entry):
+        axes = tuple(
+            axis for axis in (entry if isinstance(entry, tuple) else (entry,)) if sharding.mesh.shape.get(axis, 1) > 1
+        )
+        return None if not axes else axes[0] if len(axes) == 1 else axes
+
+    return NamedSharding(sharding.mesh, PartitionSpec(*(kept(entry) for entry in sharding.spec)))
+
+
 def decoding_cache_sharding(mesh: Mesh, rules: LogicalRules) -> NamedSharding:
     """Splits attention caches [rows, heads, length, d] as a batch by rows, and by heads as the attention's
     parameters are (the mesh axes of 'heads': the tensor axis), so that each device holds its own heads' keys."""

@@ -13,7 +13,7 @@ too: the bucket batch sizes of a mesh, and length-bucketed training batches.
 
 import functools
 from collections.abc import Iterator
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import jax
 import ml_collections
@@ -23,7 +23,9 @@ import sentencepiece as spm
 from input_pipeline import batching
 from input_pipeline.batching import Examples
 from training.runtime import sharding
-from training.steps import LossFn
+
+if TYPE_CHECKING:  # The steps import optax, which translating (translation_decoding's rows) does without.
+    from training.steps import LossFn
 
 
 class TrainBatchIterator(Protocol, Iterator[dict[str, np.ndarray]]):
@@ -82,7 +84,7 @@ class Task(Protocol):
     def make_model(self, config: ml_collections.ConfigDict, data: Data) -> Any:
         """The flax module config.model describes, sized for `data` (vocabulary, classes)."""
 
-    def loss_fn(self, config: ml_collections.ConfigDict, model: Any) -> LossFn:
+    def loss_fn(self, config: ml_collections.ConfigDict, model: Any) -> "LossFn":
         """The train step's loss of (params, batch, rng)."""
 
     def evaluator(

@@ -5,7 +5,6 @@ steps (optax), which translate.py does not need.
 """
 
 import dataclasses
-import functools
 from collections.abc import Sequence
 
 import jax
@@ -25,7 +24,7 @@ from models.decoding import sentences_per_batch
 from models.search import Search, SpecialIds
 from models.token_search import TokenSearch, argmax_token, sampled_token
 from training.runtime.program_store import ProgramStore
-from training.runtime.sharding import batch_sharding, decoding_cache_sharding, num_batch_shards
+from training.runtime.sharding import batch_sharding, decoding_cache_sharding, num_batch_shards, without_unit_axes
 from training.tasks import base
 
 SPECIAL_IDS = SpecialIds(bos=BOS_ID, eos=EOS_ID, pad=PAD_ID)
@@ -63,7 +62,8 @@ def translator(
     sentences = sentences_per_batch(eval_config.per_device_batch_size, eval_config.beam_size)
     decoder = continuous_batching.row_decoder(model, search_of(eval_config, config.seed))
     if store is not None:
-        description = {"model": config.model.to_dict(), "search": describe_decoding(eval_config), "seed": config.seed}
+        search = {name: eval_config[name] for name in ("beam_size", "length_penalty", "temperature", "top_k")}
+        description = {"model": config.model.to_dict(), "search": search, "seed": config.seed}
         decoder = _stored(decoder, store, description)
     return Translator(
         decoder=decoder,
@@ -102,8 +102,8 @@ def translate_ids(translator: Translator, params, sources: batching.RaggedIds) -
     empty. Every process gets every output.
     """
     layout = continuous_batching.Layout(
-        rows=batch_sharding(translator.mesh, translator.rules),
-        heads=decoding_cache_sharding(translator.mesh, translator.rules),
+        rows=without_unit_axes(batch_sharding(translator.mesh, translator.rules)),
+        heads=without_unit_axes(decoding_cache_sharding(translator.mesh, translator.rules)),
     )
     longest = translator.boundaries[-1]
     nonempty = {int(i): batching.cut_keeping_eos(sources[i], longest) for i in np.flatnonzero(sources.lengths > 1)}
@@ -115,7 +115,7 @@ def translate_ids(translator: Translator, params, sources: batching.RaggedIds) -
         rows=translator.rows,
         row_multiple=num_batch_shards(translator.mesh, translator.rules),
         max_decode_length=translator.max_decode_length,
-        place=functools.partial(place_rows, sharding=layout.rows),
+        place=lambda tree, heads=False: place_rows(tree, layout.heads if heads else layout.rows),
         fetch=lambda array: np.asarray(multihost_utils.process_allgather(array, tiled=True)),
         layout=layout,
     )
