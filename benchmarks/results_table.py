@@ -383,16 +383,16 @@ def _date(record: dict) -> datetime.datetime:
 
 
 def _fresher(first: tuple[str, dict], second: tuple[str, dict]) -> int:
-    """A comparison of two (name, record): 1 where `first` is the fresher, by date, then by commit; -1 the other way;
-    0 where neither is (one date, and neither commit descends from the other)."""
-    (_, one), (_, other) = first, second
+    """A comparison of two (name, record): 1 where `first` is the fresher, by date, then by commit (the descendant),
+    then by name (a total order, so that sorting does not depend on the records' order); -1 the other way."""
+    (name, one), (other_name, other) = first, second
     if _date(one) != _date(other):
         return 1 if _date(one) > _date(other) else -1
-    if one["commit"] == other["commit"]:
-        return 0
-    if records.is_ancestor(other["commit"], one["commit"]):
+    if one["commit"] != other["commit"] and records.is_ancestor(other["commit"], one["commit"]):
         return 1
-    return -1 if records.is_ancestor(one["commit"], other["commit"]) else 0
+    if one["commit"] != other["commit"] and records.is_ancestor(one["commit"], other["commit"]):
+        return -1
+    return (name > other_name) - (name < other_name)
 
 
 @dataclasses.dataclass
