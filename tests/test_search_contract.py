@@ -76,12 +76,10 @@ def _sources(count, seed=0, longest=16):
     return {i: np.append(rng.integers(4, VOCAB, rng.integers(1, longest)), EOS).astype(np.int32) for i in range(count)}
 
 
-def _decode(search, model, params, sources, rows=None):
+def _decode(decoder, params, sources, rows=None):
     rows = rows or {8: 6, 16: 4}
-    place = on_one_device
-    decoder = batching.row_decoder(model, search)
     found = batching.decode_sentences(
-        decoder, params, sources, rows=rows, max_decode_length=MAX_DECODE_LENGTH, place=place, fetch=np.asarray
+        decoder, params, sources, rows=rows, max_decode_length=MAX_DECODE_LENGTH, place=on_one_device, fetch=np.asarray
     )
     return dict(found)
 
@@ -126,14 +124,14 @@ def test_narrowing_keeps_every_rows_done_and_best_and_adds_free_rows(name, model
 @pytest.mark.parametrize("name", SEARCHES)
 def test_a_sentence_translates_alone_as_among_others(name, model_and_params):
     """Its own budget, and for sampling its own key (its number): not its neighbours, row or time of admission."""
-    search, (model, params) = SEARCHES[name], model_and_params
-    sources = _sources(20, seed=2)
-    among_others = _decode(search, model, params, sources)
+    (model, params), sources = model_and_params, _sources(20, seed=2)
+    decoder = batching.row_decoder(model, SEARCHES[name])  # One for every call: the programs of a shape compile once.
+    among_others = _decode(decoder, params, sources)
     for sentence in (0, 7, 19):
-        alone = _decode(search, model, params, {sentence: sources[sentence]})
+        alone = _decode(decoder, params, {sentence: sources[sentence]})
         np.testing.assert_array_equal(alone[sentence], among_others[sentence][: len(alone[sentence])])
     if name == "sampling":  # Another sentence number draws another sample.
-        renumbered = _decode(search, model, params, {i + 100: ids for i, ids in sources.items()})
+        renumbered = _decode(decoder, params, {i + 100: ids for i, ids in sources.items()})
         assert any(not np.array_equal(renumbered[i + 100], among_others[i]) for i in sources)
 
 
@@ -158,4 +156,4 @@ def test_a_field_that_does_not_have_its_declared_row_axis_is_refused_by_name(mod
         r"^Search field 'per_hypothesis' declares rows \(4,\) for 4 rows of 3 copies, but holds a leaf of shape \(12,\)"
     )
     with pytest.raises(ValueError, match=expected):
-        _decode(_MisfitBeamSearch(3, 0.6, SPECIAL), model, params, _sources(3), rows={16: 4})
+        _decode(batching.row_decoder(model, _MisfitBeamSearch(3, 0.6, SPECIAL)), params, _sources(3), rows={16: 4})
