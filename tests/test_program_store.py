@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import REPO_ROOT
+from conftest import REPO_ROOT, compiled_programs
 
 from training.runtime import program_store
 
@@ -90,3 +90,28 @@ def test_another_static_argument_or_description_is_another_program(tmp_path):
     assert store.compiled(["f"], f, x, scale=3.0)(x).tolist() == [3.0] * 3
     assert store.compiled(["g"], f, x, scale=3.0) is not store.compiled(["f"], f, x, scale=3.0)
     assert len([name for name in os.listdir(tmp_path) if name.startswith("executable_")]) == 3
+
+
+def test_a_folder_others_can_write_is_never_read(tmp_path, caplog):
+    """A stored entry is code: read only from a folder of this user's alone, compiled anew elsewhere."""
+    x = np.zeros(2, np.float32)
+
+    def f():  # A function JAX has not compiled in this process.
+        return jax.jit(lambda y: y + 1)
+
+    program_store.ProgramStore(str(tmp_path), code="code").compiled(["f"], f(), x)
+    (entry,) = os.listdir(tmp_path)
+    assert os.stat(tmp_path / entry).st_mode & 0o077 == 0  # Written for this user alone.
+    with compiled_programs() as programs:
+        program_store.ProgramStore(str(tmp_path), code="code").compiled(["f"], f(), x)
+    assert programs == []  # Read back.
+    os.chmod(tmp_path, 0o777)
+    with compiled_programs() as programs:
+        store = program_store.ProgramStore(str(tmp_path), code="code")
+        assert store.compiled(["f"], f(), x)(x).tolist() == [1.0, 1.0]
+    assert len(programs) == 1 and "not this user's alone" in caplog.text
+    os.chmod(tmp_path, 0o700)
+    os.chmod(tmp_path / entry, 0o666)
+    with compiled_programs() as programs:
+        program_store.ProgramStore(str(tmp_path), code="code").compiled(["f"], f(), x)
+    assert len(programs) == 1 and "writable by others" in caplog.text

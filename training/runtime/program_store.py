@@ -9,6 +9,12 @@ stored under a key made before tracing: what the caller says the function is (it
 the shapes, dtypes and shardings of its arguments, the source of the packages it runs, the JAX version,
 XLA's flags and the devices. A stale or unreadable entry is made anew, with a warning. One process
 only, with JAX's cache off (`program_store`): several processes keep their programs in JAX's cache.
+
+An entry is code, not data: machine code, and the Python objects around it that JAX's
+`serialize_executable` pickles (as does this store: tree structures have no other format). It is
+trusted as JAX's own compilation cache is, so it is read only from a folder that this user owns and
+no one else can write (`_private`); elsewhere every program is compiled, with a warning. The store
+lives in the user's cache folder, never in a run folder that might be shared or downloaded.
 """
 
 import contextlib
@@ -16,6 +22,7 @@ import hashlib
 import json
 import os
 import pickle
+import stat
 import tempfile
 from collections.abc import Callable, Sequence
 from types import ModuleType
@@ -57,7 +64,14 @@ class ProgramStore:
     def __init__(self, folder: str, code: str):
         self.folder, self.code = folder, code  # code: `source_fingerprint` of what the programs run.
         self._loaded = {}  # This process's, by a key of shapes only: no file or hash a call.
-        os.makedirs(folder, exist_ok=True)
+        os.makedirs(folder, mode=0o700, exist_ok=True)
+        self.trusted = _private(folder)
+        if not self.trusted:
+            logging.warning(
+                "Program store %s is not this user's alone (others can write it); its programs are compiled, "
+                "not read: make it yours with `chmod go-w`.",
+                folder,
+            )
 
     def _path(self, kind: str, description: Any, *parts: Any) -> str:
         devices = jax.devices()
@@ -76,8 +90,13 @@ class ProgramStore:
         return os.path.join(self.folder, f"{kind}_{name}.pkl")
 
     def _read(self, path: str):
+        if not self.trusted:
+            return None
         try:
             with open(path, "rb") as f:
+                if not _private(f.fileno()):
+                    logging.warning("Stored program %s is writable by others; making it anew.", path)
+                    return None
                 return pickle.load(f)
         except FileNotFoundError:
             return None
@@ -87,6 +106,8 @@ class ProgramStore:
 
     def _write(self, path: str, make_value: Callable[[], Any]) -> None:
         """Writes `make_value()` to `path` whole or not at all (a file of its own, renamed: writers may race)."""
+        if not self.trusted:
+            return
         descriptor, temporary = tempfile.mkstemp(dir=self.folder, suffix=".tmp")
         try:
             with os.fdopen(descriptor, "wb") as f:
@@ -127,6 +148,12 @@ class ProgramStore:
         except Exception as e:  # pylint: disable=broad-except  (another jaxlib's, damaged)
             logging.warning("Stored program %s does not load (%s); compiling it anew.", path, e)
             return None
+
+
+def _private(path: str | int) -> bool:
+    """Whether the folder or open file `path` is owned by this user (or root) and no one else can write it."""
+    status = os.stat(path)
+    return status.st_uid in (os.getuid(), 0) and not status.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
 
 
 def _shapes(tree) -> tuple:
