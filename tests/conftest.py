@@ -17,12 +17,14 @@ import flax.linen as nn
 import jax
 import numpy as np
 import pytest
+from jax.experimental.compilation_cache import compilation_cache as jax_compilation_cache
 from tensorboardX.proto import event_pb2
 from without_tensorflow import finders_without_tensorflow
 
 from common.compile_events import BACKEND_COMPILE_EVENT, compile_events
 from input_pipeline.tokenizer import train_tokenizer
 from models import TransformerConfig
+from training.runtime import compilation_cache as project_compilation_cache
 
 # Every process of the test run compiles with LLVM's code generation unoptimized: the suite is mostly
 # compiling small programs, ~1.6x as fast so. The HLO is the same; the kernels are slower and may round
@@ -73,6 +75,26 @@ def random_params(model, *ids, seed: int = 0, scale: float = 0.1):
     return jax.tree.map(lambda s: rng.normal(scale=scale, size=s.shape).astype(s.dtype), shapes)
 
 
+# Programs that take at least this long to compile are kept in JAX's persistent cache, in pytest's cache folder
+# (.pytest_cache/d/jax_compilation; `pytest --cache-clear` empties it), shared by the workers of a run and by later
+# runs: a test compiling a program that another test (or an earlier run) compiled reads it back instead, in
+# about a tenth of the time. Smaller ones (eager operations) compile faster than they would be written and read.
+# At most TEST_CACHE_BYTES, the least recently used entries evicted first.
+TEST_CACHE_MIN_COMPILE_S = 0.5
+TEST_CACHE_BYTES = 2 * 1024**3
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """JAX's persistent compilation cache on for the test process (see TEST_CACHE_MIN_COMPILE_S); a test that
+    needs a cache of its own turns on `compilation_cache`, the entry points their own (train.py's default)."""
+    if getattr(config, "cache", None) is None:  # `-p no:cacheprovider`: every program compiles.
+        return
+    jax.config.update("jax_compilation_cache_dir", str(config.cache.mkdir("jax_compilation")))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", TEST_CACHE_MIN_COMPILE_S)
+    jax.config.update("jax_compilation_cache_max_size", TEST_CACHE_BYTES)
+    jax_compilation_cache.reset_cache()  # Decided anew, whatever compiled before.
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Files holding a `slow` test first, each file's tests in their order: `-n 2 --dist loadfile` hands files
     out in this order (pyproject.toml turns xdist's reorder by test count off), so the long ones start at once
@@ -109,10 +131,6 @@ def compilation_cache_on(folder: str) -> Iterator[str]:
     program is looked up by a hash of its HLO and compile options, so a run that traces anything
     differently still compiles its own.
     """
-    from jax.experimental.compilation_cache import compilation_cache as jax_compilation_cache
-
-    from training.runtime import compilation_cache as project_compilation_cache
-
     before = {
         name: getattr(jax.config, name)
         for name in ("jax_compilation_cache_dir", "jax_persistent_cache_min_compile_time_secs")

@@ -62,13 +62,14 @@ def test_a_damaged_entry_is_made_anew_with_a_warning(tmp_path):
 def test_the_store_is_off_where_jax_keeps_its_own_cache(tmp_path):
     """An executable XLA:CPU reads back from JAX's cache does not serialize again: one or the other."""
     assert program_store.program_store(None, code=(program_store,)) is None
-    before = jax.config.jax_compilation_cache_dir
-    jax.config.update("jax_compilation_cache_dir", str(tmp_path / "jax"))
+    before = jax.config.jax_compilation_cache_dir  # The test run's (conftest.pytest_configure).
     try:
+        jax.config.update("jax_compilation_cache_dir", str(tmp_path / "jax"))
         assert program_store.program_store(str(tmp_path), code=(program_store,)) is None
+        jax.config.update("jax_compilation_cache_dir", None)
+        assert program_store.program_store(str(tmp_path), code=(program_store,)) is not None
     finally:
         jax.config.update("jax_compilation_cache_dir", before)
-    assert program_store.program_store(str(tmp_path), code=(program_store,)) is not None
 
 
 def test_stored_shapes_are_the_eval_shape_of_the_arguments_given(tmp_path):
