@@ -42,6 +42,12 @@ _ATTENTION_MAPS = flags.DEFINE_string(
     "'source<TAB>target' draws them for that target (and translates the source); otherwise for the "
     "translation. Without this flag a tab is part of the sentence.",
 )
+_COMPILATION_CACHE_DIR = flags.DEFINE_string(
+    "compilation_cache_dir",
+    None,
+    "Where compiled decoding programs are kept ('': nowhere; default: the user's cache folder, configs/default.py). "
+    "Never the run's config.compilation_cache_dir: the programs are code, and a run may come from elsewhere.",
+)
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "Config file the run was trained with (default: <workdir>/config.json).", lock_config=True
 )
@@ -103,9 +109,10 @@ def translate(workdir: str) -> None:
     # A later translation with the same config and shapes reads its compiled decoding back: from the program
     # store (no tracing), or with several processes from JAX's cache.
     code = (models, common, translation_decoding)  # What the stored programs run: the model, searches, their ids.
-    store = program_store(compilation_cache.cache_folder(config.compilation_cache_dir), code)
+    cache_dir = compilation_cache.DEFAULT_DIR if _COMPILATION_CACHE_DIR.value is None else _COMPILATION_CACHE_DIR.value
+    store = program_store(compilation_cache.cache_folder(cache_dir), code)
     if store is None:
-        compilation_cache.enable(config.compilation_cache_dir)
+        compilation_cache.enable(cache_dir)
     lines = text_io.read_input_lines(_INPUT.value)
     # 'source<TAB>target' lines are for attention maps; otherwise a tab is part of the sentence.
     sources = [line.partition("\t")[0] for line in lines] if _ATTENTION_MAPS.value else lines

@@ -212,20 +212,6 @@ def _measure(dump_dir: str) -> None:
     _write(rows, processes, profiles, lines, rounds, ct2_batch_size, sorted(ct2_devices), measured_source, workdir)
 
 
-# The run's config with a compilation cache of the benchmark's own, for translate.py's --config.
-_CONFIG_WITH_CACHE = """
-import json
-import ml_collections
-
-
-def get_config():
-    with open({config!r}, encoding="utf-8") as f:
-        config = ml_collections.ConfigDict(json.load(f))
-    config.compilation_cache_dir = {cache!r}
-    return config
-"""
-
-
 def _time_processes(workdir, folders, lines, beam_size, alpha, config, scratch, ct2_batch_size, dtypes) -> list[dict]:
     """Seconds of whole processes translating `lines`, then their first line alone, into a file: translate.py
     in each of `dtypes`, first with an empty compilation cache, then again with the programs the first wrote
@@ -242,11 +228,8 @@ def _time_processes(workdir, folders, lines, beam_size, alpha, config, scratch, 
         translate_py += [f"--output={target}"]
         commands = {}
         for dtype in dtypes:
-            config_file = os.path.join(scratch, f"config_beam{beam_size}_{dtype}_{part}.py")
             cache = os.path.join(scratch, f"compilation_cache_beam{beam_size}_{dtype}_{part}")  # Empty at first.
-            with open(config_file, "w", encoding="utf-8") as f:
-                f.write(_CONFIG_WITH_CACHE.format(config=os.path.join(workdir, "config.json"), cache=cache))
-            command = [*translate_py, f"--dtype={dtype}", f"--config={config_file}"]
+            command = [*translate_py, f"--dtype={dtype}", f"--compilation_cache_dir={cache}"]
             commands[f"translate.py, {dtype}{name}"] = command  # Compiles, and writes the cache.
             commands[f"translate.py, {dtype}{name}, cached"] = command  # Reads it.
         for weights, folder in folders.items():

@@ -47,3 +47,12 @@ def test_a_folder_that_cannot_be_created_leaves_the_cache_off(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("not a folder")
     assert compilation_cache.enable(str(blocker / "cache")) is None
+
+
+def test_a_folder_others_can_write_leaves_the_cache_off(tmp_path):
+    """Its entries are code a later run executes: only a folder of this user's alone is used."""
+    cache = tmp_path / "cache"
+    assert compilation_cache.cache_folder(str(cache)) == str(cache)
+    assert os.stat(cache).st_mode & 0o077 == 0  # Made for this user alone.
+    os.chmod(cache, 0o777)
+    assert compilation_cache.cache_folder(str(cache)) is None

@@ -3,14 +3,16 @@
 import os
 import subprocess
 import sys
+import types
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from conftest import REPO_ROOT, compiled_programs
+from jax.experimental.compilation_cache import compilation_cache as jax_compilation_cache
 
-from training.runtime import program_store
+from training.runtime import compilation_cache, program_store
 
 # A process that computes f(x) through a store in argv[1] (code fingerprint argv[2]) and prints what it compiled.
 _PROCESS = """
@@ -27,6 +29,18 @@ with compile_events() as events:
     y = store.compiled(["f"], f, x, scale=2.0)(x)
 print(sum(event == BACKEND_COMPILE_EVENT for event, _, _ in events), shapes.shape, np.asarray(y).tolist())
 """
+
+
+@pytest.fixture(autouse=True)
+def without_jax_cache():
+    """JAX's compilation cache off, as wherever a store is used: an executable read back from it does not
+    serialize again (the test run keeps its programs there, conftest.pytest_configure)."""
+    before = jax.config.jax_compilation_cache_dir
+    jax.config.update("jax_compilation_cache_dir", None)
+    jax_compilation_cache.reset_cache()
+    yield
+    jax.config.update("jax_compilation_cache_dir", before)
+    jax_compilation_cache.reset_cache()
 
 
 def _run(folder, code="code 1"):
@@ -62,14 +76,9 @@ def test_a_damaged_entry_is_made_anew_with_a_warning(tmp_path):
 def test_the_store_is_off_where_jax_keeps_its_own_cache(tmp_path):
     """An executable XLA:CPU reads back from JAX's cache does not serialize again: one or the other."""
     assert program_store.program_store(None, code=(program_store,)) is None
-    before = jax.config.jax_compilation_cache_dir  # The test run's (conftest.pytest_configure).
-    try:
-        jax.config.update("jax_compilation_cache_dir", str(tmp_path / "jax"))
-        assert program_store.program_store(str(tmp_path), code=(program_store,)) is None
-        jax.config.update("jax_compilation_cache_dir", None)
-        assert program_store.program_store(str(tmp_path), code=(program_store,)) is not None
-    finally:
-        jax.config.update("jax_compilation_cache_dir", before)
+    assert program_store.program_store(str(tmp_path), code=(program_store,)) is not None
+    jax.config.update("jax_compilation_cache_dir", str(tmp_path / "jax"))
+    assert program_store.program_store(str(tmp_path), code=(program_store,)) is None
 
 
 def test_stored_shapes_are_the_eval_shape_of_the_arguments_given(tmp_path):
@@ -106,13 +115,29 @@ def test_a_folder_others_can_write_is_never_read(tmp_path, caplog):
     with compiled_programs() as programs:
         program_store.ProgramStore(str(tmp_path), code="code").compiled(["f"], f(), x)
     assert programs == []  # Read back.
+    written = os.stat(tmp_path / entry).st_mtime_ns
     os.chmod(tmp_path, 0o777)
     with compiled_programs() as programs:
         store = program_store.ProgramStore(str(tmp_path), code="code")
         assert store.compiled(["f"], f(), x)(x).tolist() == [1.0, 1.0]
-    assert len(programs) == 1 and "not this user's alone" in caplog.text
+        store.compiled(["g"], f(), x)
+    assert len(programs) == 2 and "not this user's alone" in caplog.text
+    assert os.listdir(tmp_path) == [entry] and os.stat(tmp_path / entry).st_mtime_ns == written  # Nor written.
     os.chmod(tmp_path, 0o700)
     os.chmod(tmp_path / entry, 0o666)
     with compiled_programs() as programs:
         program_store.ProgramStore(str(tmp_path), code="code").compiled(["f"], f(), x)
     assert len(programs) == 1 and "writable by others" in caplog.text
+
+
+def test_only_this_users_folders_and_files_are_private(tmp_path, monkeypatch):
+    os.chmod(tmp_path, 0o755)
+    assert compilation_cache.is_private(str(tmp_path))
+    os.chmod(tmp_path, 0o775)
+    assert not compilation_cache.is_private(str(tmp_path))  # Others (its group) can write.
+    os.chmod(tmp_path, 0o700)
+    mine = os.stat(tmp_path)
+    monkeypatch.setattr(os, "getuid", lambda: mine.st_uid + 1)
+    assert compilation_cache.is_private(str(tmp_path)) == (mine.st_uid == 0)  # Another user's: only root's trusted.
+    monkeypatch.setattr(os, "stat", lambda path: types.SimpleNamespace(st_uid=mine.st_uid + 2, st_mode=0o40700))
+    assert not compilation_cache.is_private(str(tmp_path))

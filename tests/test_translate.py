@@ -74,21 +74,28 @@ def _compiled(stderr: str) -> collections.Counter:
     )
 
 
-def test_translate_keeps_its_compiled_decoding_in_the_runs_cache_folder(trained_workdir, tmp_path):
+def test_translate_keeps_its_compiled_decoding_in_its_cache_folder_not_one_the_run_names(trained_workdir, tmp_path):
     workdir = str(tmp_path / "run")
     shutil.copytree(trained_workdir, workdir)
     config_path = os.path.join(workdir, "config.json")
     with open(config_path, encoding="utf-8") as f:
         config = json.load(f)
-    cache = tmp_path / "cache"
-    config["compilation_cache_dir"] = str(cache)
+    # A run from elsewhere naming a folder of its own (which could hold programs it planted) is not obeyed.
+    config["compilation_cache_dir"] = os.path.join(workdir, "planted")
     with open(config_path, "w", encoding="utf-8") as f:
         json.dump(config, f)
+    cache = tmp_path / "cache"
     # A source over the first bucket (16 subwords), then enough short ones to refill the rows: two stages.
     lines = " ".join(["Click the OK button to close the dialog."] * 2) + "\n" + "Click OK.\nSelect a cell.\n" * 60
     runs = []
     for _ in range(2):
-        result = run_entry_point("translate.py", f"--workdir={workdir}", stdin=lines, env={"JAX_LOG_COMPILES": "1"})
+        result = run_entry_point(
+            "translate.py",
+            f"--workdir={workdir}",
+            f"--compilation_cache_dir={cache}",
+            stdin=lines,
+            env={"JAX_LOG_COMPILES": "1"},
+        )
         assert result.returncode == 0, result.stderr[-3000:]
         runs.append((result.stdout, _compiled(result.stderr)))
     (first_output, first_compiled), (second_output, second_compiled) = runs
@@ -100,6 +107,7 @@ def test_translate_keeps_its_compiled_decoding_in_the_runs_cache_folder(trained_
     assert len(kept) == sum(decoding.values()), kept
     assert not any(second_compiled[name] for name in decoding), second_compiled
     assert second_output == first_output
+    assert not os.path.exists(os.path.join(workdir, "planted"))
 
 
 def test_translate_reports_bad_requests_in_one_line(trained_workdir, tmp_path):

@@ -5,9 +5,14 @@ with the cache on, the executables are written to `config.compilation_cache_dir`
 later run with the same program, devices and JAX version reads them back instead of
 compiling again. Runs and processes may share it: an entry read while another process
 is still writing it fails to load, with a warning, and that program compiles anew.
+
+An entry is machine code that a later run executes, so the cache is used only in a folder
+that this user owns and no one else can write (`is_private`); elsewhere every program
+compiles, with a warning.
 """
 
 import os
+import stat
 
 import jax
 from absl import logging
@@ -23,11 +28,29 @@ def cache_folder(cache_dir: str) -> str | None:
         return None
     path = os.path.abspath(os.path.expanduser(cache_dir))
     try:
-        os.makedirs(path, exist_ok=True)
+        os.makedirs(path, mode=0o700, exist_ok=True)
     except OSError as e:
         logging.warning("No compilation cache: cannot create %s (%s); every step compiles anew.", path, e.strerror)
         return None
+    if not is_private(path):
+        logging.warning(
+            "No compilation cache: %s is %s; every step compiles anew.",
+            path,
+            "writable by other users (chmod go-w)" if _owned(os.stat(path)) else "another user's",
+        )
+        return None
     return path
+
+
+def is_private(path: str | int) -> bool:
+    """Whether the folder or open file `path` is this user's (or root's) and no one else can write it: what it
+    holds was written by this user."""
+    status = os.stat(path)
+    return _owned(status) and not status.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
+
+
+def _owned(status: os.stat_result) -> bool:
+    return status.st_uid in (os.getuid(), 0)
 
 
 def enable(cache_dir: str) -> str | None:

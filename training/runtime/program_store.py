@@ -11,10 +11,11 @@ XLA's flags and the devices. A stale or unreadable entry is made anew, with a wa
 only, with JAX's cache off (`program_store`): several processes keep their programs in JAX's cache.
 
 An entry is code, not data: machine code, and the Python objects around it that JAX's
-`serialize_executable` pickles (as does this store: tree structures have no other format). It is
-trusted as JAX's own compilation cache is, so it is read only from a folder that this user owns and
-no one else can write (`_private`); elsewhere every program is compiled, with a warning. The store
-lives in the user's cache folder, never in a run folder that might be shared or downloaded.
+`serialize_executable` pickles (as does this store: tree structures have no other format). Like the
+compilation cache's, it is read only from a folder, and a file, that this user owns and no one else
+can write (`compilation_cache.is_private`); elsewhere every program is compiled, with a warning.
+translate.py takes the folder from the machine's config, never from a run's (which may have been
+downloaded).
 """
 
 import contextlib
@@ -22,7 +23,6 @@ import hashlib
 import json
 import os
 import pickle
-import stat
 import tempfile
 from collections.abc import Callable, Sequence
 from types import ModuleType
@@ -34,6 +34,8 @@ import jaxlib
 import numpy as np
 from absl import logging
 from jax.experimental import serialize_executable
+
+from training.runtime.compilation_cache import is_private
 
 # Bump to discard every stored entry (a change of what is stored or how).
 FORMAT_VERSION = 1
@@ -65,11 +67,11 @@ class ProgramStore:
         self.folder, self.code = folder, code  # code: `source_fingerprint` of what the programs run.
         self._loaded = {}  # This process's, by a key of shapes only: no file or hash a call.
         os.makedirs(folder, mode=0o700, exist_ok=True)
-        self.trusted = _private(folder)
+        self.trusted = is_private(folder)
         if not self.trusted:
             logging.warning(
-                "Program store %s is not this user's alone (others can write it); its programs are compiled, "
-                "not read: make it yours with `chmod go-w`.",
+                "Program store %s is not this user's alone (another user owns it, or others can write it): its "
+                "programs are compiled, not read or written.",
                 folder,
             )
 
@@ -94,7 +96,7 @@ class ProgramStore:
             return None
         try:
             with open(path, "rb") as f:
-                if not _private(f.fileno()):
+                if not is_private(f.fileno()):
                     logging.warning("Stored program %s is writable by others; making it anew.", path)
                     return None
                 return pickle.load(f)
@@ -108,15 +110,17 @@ class ProgramStore:
         """Writes `make_value()` to `path` whole or not at all (a file of its own, renamed: writers may race)."""
         if not self.trusted:
             return
-        descriptor, temporary = tempfile.mkstemp(dir=self.folder, suffix=".tmp")
+        temporary = None
         try:
+            descriptor, temporary = tempfile.mkstemp(dir=self.folder, suffix=".tmp")
             with os.fdopen(descriptor, "wb") as f:
                 pickle.dump(make_value(), f)
             os.replace(temporary, path)
-        except Exception as e:  # pylint: disable=broad-except  (a full disk, an executable that does not serialize)
+        except Exception as e:  # pylint: disable=broad-except  (a full disk, a read-only folder, an executable that does not serialize)
             logging.warning("Could not store %s (%s); the next process compiles it again.", path, e)
-            with contextlib.suppress(OSError):
-                os.remove(temporary)
+            if temporary is not None:
+                with contextlib.suppress(OSError):
+                    os.remove(temporary)
 
     def shapes(self, description: Any, make: Callable[[], Any], *args) -> Any:
         """`make()`, an `eval_shape` of `args`, read back if `description` and the arguments' shapes were seen."""
@@ -148,12 +152,6 @@ class ProgramStore:
         except Exception as e:  # pylint: disable=broad-except  (another jaxlib's, damaged)
             logging.warning("Stored program %s does not load (%s); compiling it anew.", path, e)
             return None
-
-
-def _private(path: str | int) -> bool:
-    """Whether the folder or open file `path` is owned by this user (or root) and no one else can write it."""
-    status = os.stat(path)
-    return status.st_uid in (os.getuid(), 0) and not status.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
 
 
 def _shapes(tree) -> tuple:
