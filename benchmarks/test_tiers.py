@@ -4,20 +4,18 @@ r"""The test suite timed as contributors and CI run it: the fast tier, then the 
 
 Runs the README's test command (`pytest -q -n 2 --dist loadfile`) with `-m "not slow"` (the
 fast tier, what to run while working), then without (everything), one after the other on an
-otherwise quiet machine, each cold: pytest's cache (where the tests keep compiled programs,
-tests/conftest.py) cleared and the entry points' compilation cache empty (the user's is set aside
-and put back after), as on CI's fresh machine. Then the fast tier again, with the programs the
-runs before left, as a contributor meets it after a first run. Records each run's wall time,
-outcome and slowest tests (setup, call and teardown together, read from pytest's JUnit XML by
-.ci/test_times.py), and the fast-tier tests over .ci/run's 10 s limit.
+otherwise quiet machine, each cold as on CI's fresh machine: in a HOME of its own (the entry
+points keep their compiled programs in ~/.cache) and with an empty pytest cache folder (where the
+tests keep theirs, tests/conftest.py). Then the fast tier again, with the programs the whole
+suite left, as a contributor meets it after a first run. The user's own caches are not touched.
+Records each run's wall time, outcome and slowest tests (setup, call and teardown together, read
+from pytest's JUnit XML by .ci/test_times.py), and the fast-tier tests over .ci/run's 10 s limit.
 """
 
-import contextlib
 import json
 import os
 import runpy
 import shlex
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -26,7 +24,6 @@ import time
 from absl import app, flags
 
 from common import records
-from training.runtime import compilation_cache
 
 records.define_software_note_flag()
 
@@ -35,7 +32,7 @@ _SLOWEST = flags.DEFINE_integer("slowest", 20, "How many of each run's slowest t
 
 TEST_ARGUMENTS = ["-q", "-n", "2", "--dist", "loadfile"]  # The README's.
 FAST_TIER = ["-m", "not slow"]
-# Each run's pytest arguments, and whether it starts cold.
+# Each run's pytest arguments, and whether it starts cold (with empty caches; else with those the run before left).
 TIERS = {"fast tier": (FAST_TIER, True), "whole suite": ([], True), "fast tier, warm": (FAST_TIER, False)}
 FAST_TIER_LIMIT_S = 10  # The aim for a fast-tier test; .ci/run fails one over 20 s until the tests meet it.
 
@@ -43,35 +40,19 @@ _TEST_TIMES = runpy.run_path(os.path.join(records.REPO_ROOT, ".ci", "test_times.
 read_times, read_failures = _TEST_TIMES["read_times"], _TEST_TIMES["read_failures"]
 
 
-@contextlib.contextmanager
-def _entry_point_cache_empty():
-    """The entry points' default compilation cache (train.py's, translate.py's program store) empty inside the
-    block; the user's own put back after."""
-    folder = os.path.expanduser(compilation_cache.DEFAULT_DIR)
-    aside = f"{folder}.aside"
-    if os.path.exists(folder):
-        os.rename(folder, aside)
-    try:
-        yield
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
-        if os.path.exists(aside):
-            os.rename(aside, folder)
-
-
-def _run(arguments: list[str], junit_xml: str, cold: bool) -> dict:
-    """pytest with the README's arguments and `arguments`, timed; cold: with every compilation cache empty."""
-    command = [*TEST_ARGUMENTS, *(["--cache-clear"] if cold else []), *arguments]
-    with _entry_point_cache_empty() if cold else contextlib.nullcontext():
-        started = time.monotonic()
-        done = subprocess.run(
-            [sys.executable, "-m", "pytest", *command, f"--junitxml={junit_xml}"],
-            cwd=records.REPO_ROOT,
-            capture_output=True,
-            text=True,
-            check=False,
-        )
-        wall = time.monotonic() - started
+def _run(arguments: list[str], junit_xml: str, caches: str) -> dict:
+    """pytest with the README's arguments and `arguments`, timed, with HOME and pytest's cache in `caches`."""
+    command = [*TEST_ARGUMENTS, *arguments]
+    started = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-o", f"cache_dir={caches}/pytest", *command, f"--junitxml={junit_xml}"],
+        cwd=records.REPO_ROOT,
+        env=dict(os.environ, HOME=caches),
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    wall = time.monotonic() - started
     _, tests = read_times(junit_xml)
     summary = done.stdout.strip().splitlines()[-1] if done.stdout.strip() else done.stderr[-500:]
     return {
@@ -91,11 +72,11 @@ def _run(arguments: list[str], junit_xml: str, cold: bool) -> dict:
 def main(argv):
     del argv
     source = records.source()
+    figures, caches = {}, None
     with tempfile.TemporaryDirectory() as folder:
-        figures = {
-            name: _run(arguments, os.path.join(folder, f"{i}.xml"), cold)
-            for i, (name, (arguments, cold)) in enumerate(TIERS.items())
-        }
+        for i, (name, (arguments, cold)) in enumerate(TIERS.items()):
+            caches = tempfile.mkdtemp(dir=folder) if cold else caches
+            figures[name] = {**_run(arguments, os.path.join(folder, f"{i}.xml"), caches), "cold": cold}
     figures["require_browser"] = os.environ.get("AIAYN_REQUIRE_BROWSER") == "1"
     what = "the test suite's fast tier and whole suite, each run alone and cold; the fast tier again, warm"
     record = records.new(what, figures=figures, **source)

@@ -153,8 +153,8 @@ def compilation_cache_folder(tmp_path_factory) -> str:
 
 @pytest.fixture
 def compilation_cache(compilation_cache_folder) -> Iterator[str]:
-    """The persistent compilation cache on during this test (`compilation_cache_on`); other tests compile
-    as they always have."""
+    """The persistent compilation cache on in a folder of its own during this test (`compilation_cache_on`), as
+    train.py turns it on; other tests use the test run's (`pytest_configure`)."""
     with compilation_cache_on(compilation_cache_folder) as folder:
         yield folder
 
