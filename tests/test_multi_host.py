@@ -14,6 +14,7 @@ import glob
 import json
 import logging
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -101,20 +102,40 @@ def _train_args(corpus: str, workdir: str, steps: int) -> list[str]:
     ]
 
 
-def test_two_processes_resume_exactly_and_their_checkpoint_restores_in_one(small_corpus, tmp_path, caplog):
+def _train_args_without_decoding(corpus: str, workdir: str, steps: int) -> list[str]:
+    """`_train_args` for tests whose point is the data or the processes: no BLEU, the shortest decoding."""
+    args = _train_args(corpus, workdir, steps)
+    args.remove("--config.eval.num_bleu_sentences=8")
+    return [*args, "--config.eval.num_bleu_sentences=0", "--config.eval.max_decode_length=4"]
+
+
+def _train_in_two_processes(args: list[str], log_prefix: str, deadline: float) -> None:
+    """Runs train.py with `args` as two processes of 2 devices each; both succeed, process 0 alone logs."""
+    returncodes = _wait_all(_start_processes(args, 2, 2, log_prefix), deadline)
+    logs = [_read(f"{log_prefix}.{i}.log") for i in range(2)]
+    assert returncodes == [0, 0], "\n\n".join(log[-3000:] for log in logs)
+    assert "] train: loss=" in logs[0] and "] train: loss=" not in logs[1]
+
+
+@pytest.fixture(scope="module")
+def saved_at_step_2(small_corpus, tmp_path_factory) -> str:
+    """Two processes x 2 devices trained 2 steps and saved: the run the tests below resume, each in a copy.
+    Its programs are in the compilation cache for them (one compilation for the file, not one per test)."""
+    folder = tmp_path_factory.mktemp("saved_at_step_2")
+    workdir = str(folder / "run")
+    _train_in_two_processes(_train_args(small_corpus, workdir, 2), str(folder / "two_2"), time.monotonic() + _TIMEOUT)
+    return workdir
+
+
+def test_two_processes_resume_exactly_and_their_checkpoint_restores_in_one(
+    small_corpus, saved_at_step_2, tmp_path, caplog
+):
     """Two processes x 2 devices train 2 steps, save, then resume to step 4: as two processes straight to step 4."""
-    straight, resumed = str(tmp_path / "straight"), str(tmp_path / "resumed")
+    straight, resumed = str(tmp_path / "straight"), str(shutil.copytree(saved_at_step_2, tmp_path / "resumed"))
     deadline = time.monotonic() + _TIMEOUT
     reference = _start_processes(_train_args(small_corpus, straight, 4), 2, 2, str(tmp_path / "straight"))
-    try:
-        for steps in (2, 4):  # The second run restores the checkpoint of the first in both processes.
-            processes = _start_processes(
-                _train_args(small_corpus, resumed, steps), 2, 2, str(tmp_path / f"two_{steps}")
-            )
-            returncodes = _wait_all(processes, deadline)
-            logs = [_read(str(tmp_path / f"two_{steps}.{i}.log")) for i in range(2)]
-            assert returncodes == [0, 0], "\n\n".join(log[-3000:] for log in logs)
-            assert "] train: loss=" in logs[0] and "] train: loss=" not in logs[1]  # Process 0 logs.
+    try:  # Restores the checkpoint of step 2 in both processes.
+        _train_in_two_processes(_train_args(small_corpus, resumed, 4), str(tmp_path / "two_4"), deadline)
     finally:
         returncodes = _wait_all(reference, deadline)
     assert returncodes == [0, 0], _read(str(tmp_path / "straight.0.log"))[-3000:]
@@ -154,9 +175,11 @@ def test_tensor_parallel_across_processes_reads_one_share_and_averages_checkpoin
     """Tensor parallelism across 2 processes (1 device each): the batch is replicated, so both read one share;
     the parameters are split over the processes, and --checkpoint=average:2 averages them."""
     workdir = str(tmp_path / "run")
-    args = [*_train_args(small_corpus, workdir, 2), "--config.mesh.tensor=2", "--config.checkpoint_every_steps=1"]
-    args.remove("--config.eval.num_bleu_sentences=8")
-    args += ["--config.eval.num_bleu_sentences=0", "--config.eval.max_decode_length=4"]  # The point is the data.
+    args = [
+        *_train_args_without_decoding(small_corpus, workdir, 2),
+        "--config.mesh.tensor=2",
+        "--config.checkpoint_every_steps=1",  # Two steps to average.
+    ]
     deadline = time.monotonic() + _TIMEOUT
     returncodes = _wait_all(_start_processes(args, 2, 1, str(tmp_path / "tensor")), deadline)
     assert returncodes == [0, 0], _read(str(tmp_path / "tensor.0.log"))[-3000:]
@@ -174,20 +197,14 @@ def test_tensor_parallel_across_processes_reads_one_share_and_averages_checkpoin
     assert scores["checkpoint"] == "average of steps 1, 2"
 
 
-def test_a_data_position_lost_in_one_process_starts_every_process_afresh(small_corpus, tmp_path):
+def test_a_data_position_lost_in_one_process_starts_every_process_afresh(small_corpus, saved_at_step_2, tmp_path):
     """Process 1's position file of step 2 is lost: process 1 alone starting afresh would read records of
     process 0's share; both must start afresh, with the same folded seed, each in its own share."""
-    workdir = str(tmp_path / "run")
-    args = _train_args(small_corpus, workdir, 2)
-    args.remove("--config.eval.num_bleu_sentences=8")
-    args += ["--config.eval.num_bleu_sentences=0", "--config.eval.max_decode_length=4"]  # The point is the data.
-    deadline = time.monotonic() + _TIMEOUT
-    returncodes = _wait_all(_start_processes(args, 2, 1, str(tmp_path / "first")), deadline)
-    assert returncodes == [0, 0], _read(str(tmp_path / "first.0.log"))[-3000:]
+    workdir = str(shutil.copytree(saved_at_step_2, tmp_path / "run"))
     os.remove(os.path.join(workdir, "checkpoints", "2", "data", "process_1-of-2.json"))
 
-    args[args.index("--config.num_train_steps=2")] = "--config.num_train_steps=3"
-    returncodes = _wait_all(_start_processes(args, 2, 1, str(tmp_path / "resumed")), deadline)
+    args = _train_args_without_decoding(small_corpus, workdir, 3)
+    returncodes = _wait_all(_start_processes(args, 2, 2, str(tmp_path / "resumed")), time.monotonic() + _TIMEOUT)
     first_log = _read(str(tmp_path / "resumed.0.log"))
     assert returncodes == [0, 0], first_log[-3000:]
     assert "This process's data position fits, but another process's is missing or does not fit" in first_log
@@ -198,11 +215,11 @@ def test_a_data_position_lost_in_one_process_starts_every_process_afresh(small_c
     assert [p["share_index"] for p in positions] == [0, 1]
 
 
-def test_when_one_process_is_killed_the_other_stops_with_an_error(small_corpus, tmp_path):
-    workdir = str(tmp_path / "run")
+def test_when_one_process_is_killed_the_other_stops_with_an_error(small_corpus, saved_at_step_2, tmp_path):
+    workdir = str(shutil.copytree(saved_at_step_2, tmp_path / "run"))  # Its train step is compiled already.
     # Half the default heartbeat timeout: the bound below keeps a 4x margin on a loaded 2-core machine.
     args = [*_train_args(small_corpus, workdir, 100_000), "--heartbeat_timeout_seconds=15"]
-    processes = _start_processes(args, 2, 1, str(tmp_path / "process"))
+    processes = _start_processes(args, 2, 2, str(tmp_path / "process"))
     first_log = str(tmp_path / "process.0.log")
     try:
         deadline = time.monotonic() + _TIMEOUT
