@@ -42,14 +42,11 @@ def _best(workdir):
 
 # The cheaper PRNG (config.prng_impl='rbg') checkpoints the same key and reruns a step bitwise
 # (tests/test_step_options.py), so the loop's resume is tested once, with the default.
-def test_resumed_training_equals_uninterrupted_training(small_corpus, tmp_path, compilation_cache):
-    overrides = {"eval.num_bleu_sentences": 4, "eval.split": "valid"}
-    straight = str(tmp_path / "straight")
-    loop.train_and_evaluate(tiny_config(small_corpus, num_train_steps=6, **overrides), straight)
-
-    resumed = str(tmp_path / "resumed")
-    loop.train_and_evaluate(tiny_config(small_corpus, num_train_steps=3, **overrides), resumed)
-    loop.train_and_evaluate(tiny_config(small_corpus, num_train_steps=6, **overrides), resumed)
+def test_resumed_training_equals_uninterrupted_training(small_corpus, trained_tiny_run, tmp_path, compilation_cache):
+    """Stopped at step 3 and resumed in this process, as the shared tiny run went straight to step 6 in train.py."""
+    straight, resumed = trained_tiny_run, str(tmp_path / "resumed")
+    loop.train_and_evaluate(tiny_config(small_corpus, num_train_steps=3), resumed)
+    loop.train_and_evaluate(tiny_config(small_corpus), resumed)
 
     config = tiny_config(small_corpus)
     state_a, data_a = _restore(config, straight, 6)
@@ -59,9 +56,9 @@ def test_resumed_training_equals_uninterrupted_training(small_corpus, tmp_path, 
     assert data_a == data_b and (position["parent"]["next_index"], position["offset"]) > (0, 0)
     jax.tree.map(np.testing.assert_array_equal, state_a.params, state_b.params)
     jax.tree.map(np.testing.assert_array_equal, state_a.opt_state, state_b.opt_state)
-    with open(os.path.join(straight, "eval", "valid", "scores.json")) as f:
+    with open(os.path.join(straight, "eval", "test", "scores.json")) as f:
         straight_scores = json.load(f)
-    with open(os.path.join(resumed, "eval", "valid", "scores.json")) as f:
+    with open(os.path.join(resumed, "eval", "test", "scores.json")) as f:
         resumed_scores = json.load(f)
     assert straight_scores == resumed_scores
     # The best-BLEU checkpoint is chosen the same, across the restart.
