@@ -65,10 +65,21 @@ def test_zero_rows_are_done_and_done_never_turns_false_nor_best_changes_once_don
 
 @pytest.fixture(scope="module")
 def model_and_params():
-    model = Transformer(dataclasses.replace(TINY_MODEL, vocab_size=VOCAB, max_len=64, norm_placement="pre"))
+    """One decoder layer a side: stacked layers' caches are test_continuous_batching's (every layer refilled and
+    narrowed); this contract is the search's rows."""
+    config = dataclasses.replace(
+        TINY_MODEL, vocab_size=VOCAB, max_len=64, norm_placement="pre", num_encoder_layers=1, num_decoder_layers=1
+    )
+    model = Transformer(config)
     dummy = jnp.zeros((1, 8), jnp.int32)
     params = nn.unbox(model.init(jax.random.PRNGKey(1), dummy, dummy, deterministic=True)["params"])
     return model, jax.tree.map(lambda x: 4.0 * x, params)  # Outputs that depend on the source.
+
+
+@pytest.fixture(scope="module")
+def decoders(model_and_params) -> dict:
+    """A decoder per search, shared: the narrowing test runs the programs of the stages AMONG_OTHERS decodes in."""
+    return {name: batching.row_decoder(model_and_params[0], search) for name, search in SEARCHES.items()}
 
 
 def _sources(count, seed=0, longest=16):
@@ -76,45 +87,53 @@ def _sources(count, seed=0, longest=16):
     return {i: np.append(rng.integers(4, VOCAB, rng.integers(1, longest)), EOS).astype(np.int32) for i in range(count)}
 
 
-def _decode(decoder, params, sources, rows=None):
-    rows = rows or {8: 6, 16: 4}
+ROWS = {8: 6, 16: 4}
+AMONG_OTHERS = _sources(20, seed=2)  # Decoded in a stage of 4 rows of 16 ids, narrowed to 6 rows of 8.
+
+
+def _decode(decoder, params, sources, rows=ROWS):
     found = batching.decode_sentences(
         decoder, params, sources, rows=rows, max_decode_length=MAX_DECODE_LENGTH, place=on_one_device, fetch=np.asarray
     )
     return dict(found)
 
 
+def _block(sources: dict, rows: int, source_length: int, max_length: int) -> batching.Block:
+    """`sources` in the first of `rows` rows of `source_length` ids (the rest no sentence), budgets capped at
+    max_length."""
+    inputs = np.zeros((rows, source_length), np.int32)
+    budgets = np.zeros(rows, np.int32)
+    sentences = np.full(rows, batching.NO_SENTENCE, np.int32)
+    for row, (sentence, ids) in enumerate(sources.items()):
+        inputs[row, : len(ids)], budgets[row], sentences[row] = ids, decode_length(len(ids), max_length), sentence
+    return batching.Block(inputs, budgets, sentences)
+
+
 @pytest.mark.parametrize("name", SEARCHES)
-def test_narrowing_keeps_every_rows_done_and_best_and_adds_free_rows(name, model_and_params):
-    search, (model, params) = SEARCHES[name], model_and_params
-    decoder = batching.row_decoder(model, search)
-    wide = batching.Stage(16, decode_length(16, MAX_DECODE_LENGTH), 4, 4)
-    narrow = batching.Stage(8, decode_length(8, MAX_DECODE_LENGTH), 6, 1)
-    sources = _sources(4, longest=8)  # Each fits the narrow stage, and its budget its outputs.
-    inputs = np.zeros((4, 16), np.int32)
-    for i, ids in sources.items():
-        inputs[i, : len(ids)] = ids
-    block = batching.Block(
-        inputs, decode_length(np.array([len(s) for s in sources.values()]), 24), np.arange(4, dtype=np.int32)
-    )
+def test_narrowing_keeps_every_rows_done_and_best_and_adds_free_rows(name, model_and_params, decoders):
+    search, decoder, (_, params) = SEARCHES[name], decoders[name], model_and_params
+    wide, narrow = batching.stages_of(np.array([len(ids) for ids in AMONG_OTHERS.values()]), ROWS, 1, MAX_DECODE_LENGTH)
+    assert narrow.rows > wide.rows >= 4
+    sentences = list(_sources(4, longest=8).items())  # Each fits the narrow stage, and its budget its outputs.
     place = on_one_device
     decoding = decoder.empty(params, wide.rows, wide.source_length, wide.max_length, place)
-    decoding, _ = decoder.advance(params, decoding, place(block), 1, layout=None)
+    # Admitted a block at a time: free rows are done, so no step runs until all four rows are live.
+    for first in range(0, len(sentences), wide.block_rows):
+        admitted = dict(sentences[first : first + wide.block_rows])
+        block = _block(admitted, wide.block_rows, wide.source_length, narrow.max_length)
+        decoding, _ = decoder.advance(params, decoding, place(block), 1, layout=None)
     done, best = np.asarray(search.done(decoding.rows)), np.asarray(search.best(decoding.rows))
-    assert 0 < np.sum(done) < 4  # Some rows done, some live: both kinds are narrowed.
+    assert 0 < np.sum(done[:4]) < 4  # Some rows done, some live: both kinds are narrowed.
     narrowed = decoder.narrow(decoding, stage=narrow, layout=None)
-    np.testing.assert_array_equal(np.asarray(search.done(narrowed.rows)), np.append(done, [True, True]))
-    np.testing.assert_array_equal(np.asarray(search.best(narrowed.rows))[:4], best[:, : narrow.max_length])
+    added = narrow.rows - wide.rows
+    np.testing.assert_array_equal(np.asarray(search.done(narrowed.rows)), np.append(done, [True] * added))
+    np.testing.assert_array_equal(np.asarray(search.best(narrowed.rows))[: wide.rows], best[:, : narrow.max_length])
     assert np.all(best[:, narrow.max_length :] == PAD)
-    np.testing.assert_array_equal(narrowed.sentences, [0, 1, 2, 3, batching.NO_SENTENCE, batching.NO_SENTENCE])
+    np.testing.assert_array_equal(narrowed.sentences, [0, 1, 2, 3] + [batching.NO_SENTENCE] * added)
     # Decoded on to the end, narrowed or not: the same outputs.
     outputs = []
     for stage, state in ((narrow, narrowed), (wide, decoding)):
-        nothing = batching.Block(
-            np.zeros((stage.block_rows, stage.source_length), np.int32),
-            np.zeros(stage.block_rows, np.int32),
-            np.full(stage.block_rows, batching.NO_SENTENCE, np.int32),
-        )
+        nothing = _block({}, stage.block_rows, stage.source_length, 0)
         state, _ = decoder.advance(params, state, place(nothing), stage.rows, layout=None)
         outputs.append(np.asarray(search.best(state.rows))[:4, : narrow.max_length])
     np.testing.assert_array_equal(*outputs)
@@ -122,10 +141,9 @@ def test_narrowing_keeps_every_rows_done_and_best_and_adds_free_rows(name, model
 
 
 @pytest.mark.parametrize("name", SEARCHES)
-def test_a_sentence_translates_alone_as_among_others(name, model_and_params):
+def test_a_sentence_translates_alone_as_among_others(name, model_and_params, decoders):
     """Its own budget, and for sampling its own key (its number): not its neighbours, row or time of admission."""
-    (model, params), sources = model_and_params, _sources(20, seed=2)
-    decoder = batching.row_decoder(model, SEARCHES[name])  # One for every call: the programs of a shape compile once.
+    (_, params), sources, decoder = model_and_params, AMONG_OTHERS, decoders[name]
     among_others = _decode(decoder, params, sources)
     for sentence in (0, 7, 19):
         alone = _decode(decoder, params, {sentence: sources[sentence]})
