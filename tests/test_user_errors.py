@@ -16,7 +16,7 @@ import subprocess
 import jax
 import jax.numpy as jnp
 import pytest
-from conftest import TINY_MODEL, read_events, run_entry_point, tiny_config
+from conftest import TINY_MODEL, copy_of_trained_tiny_run, read_events, run_entry_point, tiny_config
 from test_bad_input import assert_clean_failure, snapshot
 
 from common import io_errors
@@ -233,12 +233,9 @@ def test_beam_too_large_for_memory_names_the_limit():
 
 
 @pytest.fixture(scope="module")
-def trained_run(small_corpus, tmp_path_factory):
-    """A tiny run trained for 3 steps (one checkpoint, step 3) through the CLI."""
-    workdir = str(tmp_path_factory.mktemp("user_errors") / "run")
-    trained = run_train(workdir, small_corpus, "--config.num_train_steps=3")
-    assert trained.returncode == 0, trained.stderr[-3000:]
-    return workdir
+def trained_run(trained_tiny_run, tmp_path_factory):
+    """A copy of the shared tiny run (checkpoints at steps 3 and 6), trained through the CLI."""
+    return copy_of_trained_tiny_run(trained_tiny_run, tmp_path_factory.mktemp("user_errors"))
 
 
 def run_train(workdir: str, corpus: str, *args: str) -> subprocess.CompletedProcess:
@@ -272,7 +269,7 @@ def test_rejected_resume_writes_nothing(trained_run, small_corpus):
     ]
     for override, names in cases:
         before = snapshot(trained_run)
-        result = run_train(trained_run, small_corpus, "--config.num_train_steps=6", override)
+        result = run_train(trained_run, small_corpus, "--config.num_train_steps=9", override)
         assert_clean_failure(result, *names)
         assert snapshot(trained_run) == before, override  # config.json included.
     assert_translates(trained_run)
@@ -323,23 +320,23 @@ def test_a_failed_checkpoint_save_is_one_line_and_keeps_earlier_checkpoints(trai
     """A file size limit makes Orbax's asynchronous save fail in its background threads, as a full disk would."""
     workdir = str(tmp_path / "run")
     shutil.copytree(trained_run, workdir)
-    step_3 = snapshot(os.path.join(workdir, "checkpoints", "3"))
+    step_6 = snapshot(os.path.join(workdir, "checkpoints", "6"))
     # 30 kB: the config, position and event files fit; a checkpoint's tree metadata (`_sharding` ~38 kB,
     # `_METADATA` ~46 kB) does not. Not the array data: TensorStore splits it into files of 0.2-160 kB,
-    # differently from run to run (once, in CI, all of step 6's stayed under 100 kB and the save succeeded).
+    # differently from run to run (once, in CI, all of a step's stayed under 100 kB and the save succeeded).
     args = ("--config=configs/tiny.py", f"--workdir={workdir}", f"--config.dataset.path={small_corpus}")
-    result = run_entry_point("-c", _WITH_FILE_SIZE_LIMIT, "30000", "train.py", *args, "--config.num_train_steps=6")
+    result = run_entry_point("-c", _WITH_FILE_SIZE_LIMIT, "30000", "train.py", *args, "--config.num_train_steps=9")
     assert_clean_failure(
         result,
         "File too large (errno 27); raise the file size limit (`ulimit -f`) or choose another --workdir",
-        "checkpoints up to step 3 are intact",
+        "checkpoints up to step 6 are intact",
     )
     assert_names_what_failed_in(result, workdir)
-    assert snapshot(os.path.join(workdir, "checkpoints", "3")) == step_3
-    resumed = run_train(workdir, small_corpus, "--config.num_train_steps=6")
+    assert snapshot(os.path.join(workdir, "checkpoints", "6")) == step_6
+    resumed = run_train(workdir, small_corpus, "--config.num_train_steps=9")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert "Resumed from step 3" in resumed.stderr
-    assert sorted(os.listdir(os.path.join(workdir, "checkpoints"))) == ["3", "6"]
+    assert "Resumed from step 6" in resumed.stderr
+    assert sorted(os.listdir(os.path.join(workdir, "checkpoints"))) == ["6", "9"]
 
 
 # Writes a scalar, then a figure too large for the file size limit; prints the error as the entry points would.
@@ -412,21 +409,21 @@ def tmpfs(tmp_path):
 def test_full_disk_and_read_only_workdir(trained_run, small_corpus, tmpfs):
     workdir = os.path.join(tmpfs, "run")
     shutil.copytree(trained_run, workdir)
-    step_3 = snapshot(os.path.join(workdir, "checkpoints", "3"))
+    step_6 = snapshot(os.path.join(workdir, "checkpoints", "6"))
     stats = os.statvfs(tmpfs)
     used_kb = (stats.f_blocks - stats.f_bfree) * stats.f_frsize // 1024
     # Room for the config and event files, not for another checkpoint (~700 kB with the best one).
     subprocess.run(["mount", "-o", f"remount,size={used_kb + 300}k", tmpfs], check=True)
-    result = run_train(workdir, small_corpus, "--config.num_train_steps=6")
+    result = run_train(workdir, small_corpus, "--config.num_train_steps=9")
     assert_clean_failure(
         result,
         "No space left on device (errno 28); free space on that disk or choose another --workdir",
-        "checkpoints up to step 3 are intact",
+        "checkpoints up to step 6 are intact",
     )
     assert_names_what_failed_in(result, workdir)
-    assert snapshot(os.path.join(workdir, "checkpoints", "3")) == step_3
+    assert snapshot(os.path.join(workdir, "checkpoints", "6")) == step_6
 
     subprocess.run(["mount", "-o", "remount,ro", tmpfs], check=True)
-    result = run_train(workdir, small_corpus, "--config.num_train_steps=6")
+    result = run_train(workdir, small_corpus, "--config.num_train_steps=9")
     assert_clean_failure(result, f"cannot write {workdir}/train.lock: Read-only file system (errno 30)")
     assert_translates(workdir)  # Reading needs no writes.
