@@ -11,11 +11,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from conftest import TINY_MODEL
+from decoding_programs import decoding_program, shared_sampled_token
 from tolerances import FLOAT32_EPS, rounding_tolerance, transformer_operations
 
 from models import Transformer
 from models.beam_search import BeamSearch, length_penalty, top_extensions
-from models.decoding import decode_batch, decode_length
+from models.decoding import decode_length
 from models.search import NEG_INF, SpecialIds
 from models.token_search import TokenSearch, argmax_token, sampled_token
 
@@ -29,20 +30,20 @@ def _beams(beam_size, alpha, settled=None):
     return BeamSearch(beam_size, alpha, SPECIAL, beam_size if settled is None else settled)
 
 
-def _translated(search, model, params, inputs, max_length, **kwargs):
-    """[batch, max_length] outputs of `search` on `inputs`, jitted (kwargs: decode_batch's)."""
-    run = functools.partial(decode_batch, search, model, max_length=max_length, **kwargs)
-    return search.best(jax.jit(run)(params, inputs))
+def _translated(search, model, params, inputs, max_length, use_cache=True):
+    """[batch, max_length] outputs of `search` on `inputs`, by the shared jitted program (`decoding_program`)."""
+    return search.best(decoding_program(search, model, max_length, use_cache)(params, inputs))
 
 
-def _all_beams(search, model, params, inputs, max_length, **kwargs):
+def _all_beams(search, model, params, inputs, max_length, use_cache=True):
     """Every settled hypothesis [batch, settled, max_length] of a beam search, best first, and its score."""
-    run = functools.partial(decode_batch, search, model, max_length=max_length, **kwargs)
-    beams = jax.jit(run)(params, inputs)
+    beams = decoding_program(search, model, max_length, use_cache)(params, inputs)
     return beams.finished_tokens[:, : search.settled, 1:], beams.finished_scores[:, : search.settled]
 
 
-def _model(dtype="float32", norm_placement="pre", positional_encoding="sinusoidal", vocab_size=40):
+@functools.cache
+def _model(dtype="float32", norm_placement="pre", positional_encoding="sinusoidal", vocab_size=40, layers=2):
+    """(model, params, inputs [3, 9] with padding in row 1), made once for every test that asks for the same."""
     config = dataclasses.replace(
         TINY_MODEL,
         vocab_size=vocab_size,
@@ -50,6 +51,8 @@ def _model(dtype="float32", norm_placement="pre", positional_encoding="sinusoida
         norm_placement=norm_placement,
         positional_encoding=positional_encoding,
         dtype=dtype,
+        num_encoder_layers=layers,
+        num_decoder_layers=layers,
     )
     model = Transformer(config)
     rng = np.random.default_rng(0)
@@ -123,8 +126,8 @@ def test_cached_greedy_equals_uncached_greedy(dtype):
 def test_all_padding_rows_stay_padding():
     model, params, inputs = _model()
     inputs = inputs.at[2].set(PAD)
-    out = _translated(GREEDY, model, params, inputs, 6)
-    np.testing.assert_array_equal(out[2], np.zeros(6))
+    out = _translated(GREEDY, model, params, inputs, 10)  # The shapes of the tests above: their program.
+    np.testing.assert_array_equal(out[2], np.zeros(10))
 
 
 def _scripted_model(probabilities_by_step):
@@ -214,7 +217,7 @@ def test_sampling_is_reproducible_and_depends_on_the_seed():
     params = jax.tree.map(lambda x: 3.0 * x, params)
 
     def sample(seed, temperature=1.0):
-        return _translated(TokenSearch(sampled_token(temperature), SPECIAL, seed), model, params, inputs, 10)
+        return _translated(TokenSearch(shared_sampled_token(temperature), SPECIAL, seed), model, params, inputs, 10)
 
     np.testing.assert_array_equal(sample(7), sample(7))
     assert not np.array_equal(sample(7), sample(8))
@@ -278,8 +281,10 @@ def test_beam_search_exits_early_and_pads_after_eos():
 
 
 def test_beam_search_finds_the_exhaustive_best():
-    """With a beam wider than the search space, beam search ranks every hypothesis as enumeration does."""
-    model, params, inputs = _model(vocab_size=6)
+    """With a beam wider than the search space, beam search ranks every hypothesis as enumeration does.
+
+    One layer a side: the search is under test, not the model (cached decoding has its tests above)."""
+    model, params, inputs = _model(vocab_size=6, layers=1)
     params = jax.tree.map(lambda x: 4.0 * x, params)  # Peaked, source-dependent distributions.
     inputs = inputs[:2]
     max_length, alpha = 3, 0.6
@@ -287,21 +292,19 @@ def test_beam_search_finds_the_exhaustive_best():
 
     # Every output the model can produce: up to max_length tokens of {1, 3, 4, 5}
     # (never <pad> or <bos>), ending at the first <eos> or at max_length.
-    variables = {"params": params}
-    encoded = model.apply(variables, inputs, method=Transformer.encode, deterministic=True)
     hypotheses = [list(h) for n in range(1, max_length + 1) for h in itertools.product((1, EOS, 4, 5), repeat=n)]
     hypotheses = [h for h in hypotheses if EOS not in h[:-1] and (h[-1] == EOS or len(h) == max_length)]
     # Score them all with the full decoder, in one batch per source.
     decoder_inputs = jnp.array([[BOS, *h[:-1]] + [PAD] * (max_length - len(h)) for h in hypotheses], jnp.int32)
+
+    @jax.jit
+    def full_decoder_logits(params, inputs, decoder_inputs):  # One program for both sources.
+        variables = {"params": params}
+        encoded = model.apply(variables, inputs, method=Transformer.encode, deterministic=True)
+        return model.apply(variables, encoded, inputs, decoder_inputs, method=Transformer.decode, deterministic=True)
+
     for row in range(2):
-        logits = model.apply(
-            variables,
-            jnp.repeat(encoded[row : row + 1], len(hypotheses), axis=0),
-            jnp.repeat(inputs[row : row + 1], len(hypotheses), axis=0),
-            decoder_inputs,
-            method=Transformer.decode,
-            deterministic=True,
-        )
+        logits = full_decoder_logits(params, jnp.repeat(inputs[row : row + 1], len(hypotheses), axis=0), decoder_inputs)
         log_probs = np.asarray(jax.nn.log_softmax(logits.at[:, :, jnp.array([BOS, PAD])].set(NEG_INF)))
         expected = [
             (sum(log_probs[i, t, token] for t, token in enumerate(h)) / float(length_penalty(len(h), alpha)), h)
@@ -335,7 +338,8 @@ def test_cached_beam_search_equals_uncached():
     assert len(np.unique(np.asarray(cached_tokens))) >= 5
     np.testing.assert_array_equal(cached_tokens, uncached_tokens)
     # Scores of magnitude ~8 differed by ~1e-5 relative between two x86-64 CPUs: bound them by the arithmetic.
-    logits = model.apply({"params": params}, inputs, cached_tokens[:, 0], deterministic=True)
+    teacher_forced_logits = jax.jit(functools.partial(model.apply, deterministic=True))
+    logits = teacher_forced_logits({"params": params}, inputs, cached_tokens[:, 0])
     atol = _score_tolerance(model, inputs.shape[1], max_length, logits)
     np.testing.assert_allclose(cached_scores, uncached_scores, rtol=0, atol=atol)
 
@@ -343,8 +347,8 @@ def test_cached_beam_search_equals_uncached():
 def test_beam_search_leaves_padding_rows_as_padding():
     model, params, inputs = _model()
     inputs = inputs.at[2].set(PAD)
-    out = _translated(BeamSearch(3, 0.6, SPECIAL), model, params, inputs, 6)
-    np.testing.assert_array_equal(out[2], np.zeros(6))
+    out = _translated(_beams(4, 0.6), model, params, inputs, 10)  # The search and shapes above: their program.
+    np.testing.assert_array_equal(out[2], np.zeros(10))
     assert np.all(np.asarray(out[:2, 0]) != PAD)
 
 
