@@ -14,6 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from conftest import TINY_MODEL, tiny_config
+from decoding_programs import decoding_program
 from test_packing import (
     PACKED_LENGTH,
     PACKED_ROWS,
@@ -32,7 +33,6 @@ from models import Classifier, ClassifierConfig, Transformer
 from models.attention import MultiHeadAttention, causal_mask, dot_product_attention, segment_mask
 from models.beam_search import BeamSearch
 from models.build import make_model
-from models.decoding import decode_batch
 from models.decoding_checks import decoding_memory_bytes
 from models.positions import RelativeTerms, relative_distances, rotate
 from models.search import SpecialIds
@@ -54,6 +54,11 @@ VARIANTS = {
 def _config(variant: str, **changes):
     no_dropout = dict(dropout_rate=0.0, attention_dropout_rate=0.0)
     return dataclasses.replace(TINY_MODEL, **{**no_dropout, **VARIANTS[variant], **changes})
+
+
+# For the tests of what each layer does with positions: the same in every layer, and stacked layers are
+# test_cached_step_logits_equal_the_full_decoder's (every layer's cache).
+ONE_LAYER = dict(num_encoder_layers=1, num_decoder_layers=1)
 
 
 # --------------------------------------------------------------------------- #
@@ -254,7 +259,7 @@ def test_packed_rows_give_the_losses_and_gradients_of_unpacked_rows(variant):
     Positions counted along the packed row would do as well (only differences count, and
     the masks keep segments apart); query and key positions that disagree would not.
     """
-    config = _config(variant)
+    config = _config(variant, **ONE_LAYER)
     model, params = _init(config)
     # No absolute positions: nothing is added to the embeddings.
     assert 'position_embedding' not in params['encoder'] and 'position_embedding' not in params['decoder']
@@ -284,8 +289,8 @@ def test_packed_rows_give_the_losses_and_gradients_of_unpacked_rows(variant):
     assert np.all(np.asarray(losses) > 1.0)  # Untrained: no pair's loss is near 0, so the check is not vacuous.
 
 
-def _decoding_model(variant):
-    config = _config(variant, vocab_size=40, max_len=32, norm_placement='pre')
+def _decoding_model(variant, **changes):
+    config = _config(variant, vocab_size=40, max_len=32, norm_placement='pre', **changes)
     model = Transformer(config)
     rng = np.random.default_rng(0)
     inputs = jnp.asarray(rng.integers(4, 40, (3, 9)), jnp.int32).at[1, 6:].set(PAD)
@@ -320,16 +325,14 @@ def test_cached_step_logits_equal_the_full_decoder(variant):
 
 @pytest.mark.parametrize('variant', ['relative', 'rotary'])
 def test_cached_greedy_and_beam_search_equal_their_uncached_runs(variant):
-    model, params, inputs = _decoding_model(variant)
+    model, params, inputs = _decoding_model(variant, **ONE_LAYER)
     # Larger weights make an untrained model's choices depend on the source and the prefix.
     params = jax.tree.map(lambda x: 5.0 * x, params)
     special = SpecialIds(bos=BOS, eos=EOS, pad=0)
     greedy, beam = TokenSearch(argmax_token, special), BeamSearch(3, 0.6, special, settled=3)
 
     def decode(search, use_cache):
-        return jax.jit(functools.partial(decode_batch, search, model, max_length=10, use_cache=use_cache))(
-            params, inputs
-        )
+        return decoding_program(search, model, 10, use_cache)(params, inputs)
 
     cached = greedy.best(decode(greedy, True))
     assert len(np.unique(np.asarray(cached))) >= 5, cached  # Not one token repeated.
@@ -385,12 +388,14 @@ def test_attention_maps_of_the_new_kinds(variant):
 @pytest.mark.parametrize('variant', ['relative', 'rotary'])
 def test_the_classifier_ignores_padding(variant):
     """The encoder alone (models/classifier.py, [CLS] pooling): positions 0, 1, ... of each row, padding masked."""
-    config = ClassifierConfig(_config(variant, num_decoder_layers=0), num_classes=5, pooling='cls')
+    encoder = _config(variant, num_encoder_layers=1, num_decoder_layers=0)  # What a layer does with positions.
+    config = ClassifierConfig(encoder, num_classes=5, pooling='cls')
     model = Classifier(config)
     rows = np.array([[5, 6, 7, EOS, PAD, PAD], [8, 9, 10, 11, 12, EOS]], np.int32)
     params = nn.unbox(model.init(jax.random.key(0), rows, deterministic=True)['params'])
-    short = model.apply({'params': params}, rows, deterministic=True)
-    long = model.apply({'params': params}, np.pad(rows, ((0, 0), (0, 10))), deterministic=True)
+    classify = jax.jit(functools.partial(model.apply, deterministic=True))  # A program a length, not an op at a time.
+    short = classify({'params': params}, rows)
+    long = classify({'params': params}, np.pad(rows, ((0, 0), (0, 10))))
     operations = transformer_operations(config.encoder, 16, 0)
     np.testing.assert_allclose(short, long, rtol=0, atol=rounding_tolerance(operations, max(1.0, np.abs(short).max())))
 
