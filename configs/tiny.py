@@ -15,6 +15,8 @@ def get_config():
     config.optimizer.peak_learning_rate = 1e-3
     config.eval.num_bleu_sentences = 16
     config.eval.max_decode_length = 16
+    # Drawing them is a large share of a tiny run's time; the tests that read them turn them on.
+    config.eval.attention_maps = False
     return config
 
 

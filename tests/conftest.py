@@ -197,14 +197,18 @@ def small_corpus(tmp_path_factory) -> str:
 def trained_tiny_run(small_corpus, tmp_path_factory) -> str:
     """configs/tiny.py on `small_corpus`, trained once for the test run by train.py where TensorFlow is not
     installed (the base install): checkpoints at steps 3 and 6, validation BLEU at both (the best kept apart),
-    the test split evaluated, its config.json and tokenizer. Read it, or copy it (`copy_of_trained_tiny_run`)
-    to change it: the command-line tests of evaluation, translation and checkpoints share this one run
-    instead of each training its own."""
+    the test split evaluated with its attention maps, its config.json and tokenizer. Read it, or copy it
+    (`copy_of_trained_tiny_run`) to change it: the command-line tests of evaluation, translation and checkpoints
+    share this one run instead of each training its own."""
 
     def train(workdir: str) -> None:
-        corpus = f"--config.dataset.path={small_corpus}"
         trained = run_entry_point(
-            WITHOUT_TENSORFLOW, "train.py", "--config=configs/tiny.py", f"--workdir={workdir}", corpus
+            WITHOUT_TENSORFLOW,
+            "train.py",
+            "--config=configs/tiny.py",
+            f"--workdir={workdir}",
+            f"--config.dataset.path={small_corpus}",
+            "--config.eval.attention_maps=True",  # Read by translate.py's tests.
         )
         assert trained.returncode == 0, trained.stderr[-3000:]
 
