@@ -65,12 +65,9 @@ def test_zero_rows_are_done_and_done_never_turns_false_nor_best_changes_once_don
 
 @pytest.fixture(scope="module")
 def model_and_params():
-    """One decoder layer a side: stacked layers' caches are test_continuous_batching's (every layer refilled and
-    narrowed); this contract is the search's rows."""
-    config = dataclasses.replace(
-        TINY_MODEL, vocab_size=VOCAB, max_len=64, norm_placement="pre", num_encoder_layers=1, num_decoder_layers=1
-    )
-    model = Transformer(config)
+    """Two layers a side: narrowing cuts every layer's cache, and the narrowing test is the one that sees a layer's
+    cut wrong (test_continuous_batching passes with it)."""
+    model = Transformer(dataclasses.replace(TINY_MODEL, vocab_size=VOCAB, max_len=64, norm_placement="pre"))
     dummy = jnp.zeros((1, 8), jnp.int32)
     params = nn.unbox(model.init(jax.random.PRNGKey(1), dummy, dummy, deterministic=True)["params"])
     return model, jax.tree.map(lambda x: 4.0 * x, params)  # Outputs that depend on the source.
