@@ -213,13 +213,13 @@ def check_layouts() -> None:
     # Beam search in rows split over the mesh (models/continuous_batching.py), sentences moving on to shorter stages.
     beam_config = config.copy_and_resolve_references()
     beam_config.eval.beam_size, beam_config.eval.per_device_batch_size = 2, 6
-    _, beams, _ = _evaluate_split(state.params, beam_config, mesh, model, pairs)
+    beams = _translate_split(state.params, beam_config, mesh, model, pairs)
     _, _, (config, mesh, model) = results["1 device"]
     reference_metrics, reference_translations, _ = _evaluate_split(reference_state.params, config, mesh, model, pairs)
     _assert(np.isclose(metrics["loss"], reference_metrics["loss"], rtol=LOSS_RTOL), (metrics, reference_metrics))
     _assert(translations == reference_translations, ("translations differ", translations, reference_translations))
     beam_config.mesh.rules = config.mesh.rules
-    _, reference_beams, _ = _evaluate_split(reference_state.params, beam_config, mesh, model, pairs)
+    reference_beams = _translate_split(reference_state.params, beam_config, mesh, model, pairs)
     _assert(beams == reference_beams, ("beam search differs", beams, reference_beams))
     print("layouts: ok")
 
@@ -230,6 +230,12 @@ def _evaluate_split(params, config, mesh, model, pairs: ParallelIds):
     metrics = translation_eval.loss_metrics(setup, params, pairs)
     translations = translation_decoding.translate_ids(setup.translator, params, pairs.sources)
     return metrics, translations, setup.translator.rows
+
+
+def _translate_split(params, config, mesh, model, pairs: ParallelIds) -> list[list[int]]:
+    """Translations of `pairs` through evaluation's decoding alone: what the beam search checks compare."""
+    translator = translation_decoding.translator(config, model, None, mesh)
+    return translation_decoding.translate_ids(translator, params, pairs.sources)
 
 
 def check_classifier() -> None:
