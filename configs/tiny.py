@@ -2,7 +2,8 @@ r"""A tiny model on the bundled corpus, for tests (seconds, not minutes): few st
 
   python train.py --config=configs/tiny.py --workdir=runs/tiny
 
-Expected: runs end to end; BLEU near 0 (it trains for a handful of steps).
+Expected: runs end to end; BLEU near 0 (it trains for a handful of steps); no attention maps (add
+--config.eval.attention_maps=True for them).
 """
 
 from configs import quickstart

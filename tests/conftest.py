@@ -208,7 +208,7 @@ def trained_tiny_run(small_corpus, tmp_path_factory) -> str:
             "--config=configs/tiny.py",
             f"--workdir={workdir}",
             f"--config.dataset.path={small_corpus}",
-            "--config.eval.attention_maps=True",  # Read by translate.py's tests.
+            "--config.eval.attention_maps=True",  # Read by test_translate's test of the evaluation page.
         )
         assert trained.returncode == 0, trained.stderr[-3000:]
 

@@ -189,11 +189,11 @@ def check_layouts() -> None:
 
     # Evaluation and decoding on parameters sharded over all three axes: the same
     # sums and translations as on one device (the parameters agree up to rounding).
-    _, state, (config, mesh, model) = results["jit 2 data x 2 fsdp x 2 tensor"]
+    _, state, (_, mesh, model) = results["jit 2 data x 2 fsdp x 2 tensor"]
     query = state.params["encoder"]["layers_0"]["self_attention"]["query"]["kernel"]  # [d_model, heads, head_dim]
     _assert(query.sharding.shard_shape(query.shape) == (16, 2, 8), query.sharding)
     sums, tokens = _evaluate(state.params, mesh, model, batches[0])
-    _, _, (config, mesh, model) = results["1 device"]
+    _, _, (_, mesh, model) = results["1 device"]
     reference_sums, reference_tokens = _evaluate(reference_state.params, mesh, model, batches[0])
     for key in ("nll", "correct", "tokens"):
         _assert(np.isclose(sums[key], reference_sums[key], rtol=LOSS_RTOL), (key, sums, reference_sums))

@@ -43,7 +43,8 @@ def _all_beams(search, model, params, inputs, max_length, use_cache=True):
 
 @functools.cache
 def _model(dtype="float32", norm_placement="pre", positional_encoding="sinusoidal", vocab_size=40, layers=2):
-    """(model, params, inputs [3, 9] with padding in row 1), made once for every test that asks for the same."""
+    """(model, params, inputs [3, 9] with padding in row 1), made once for every test that asks for the same: a
+    test changes them only into new arrays (`.at[]`, `jax.tree.map`), never in place."""
     config = dataclasses.replace(
         TINY_MODEL,
         vocab_size=vocab_size,

@@ -102,8 +102,8 @@ def _train_args(corpus: str, workdir: str, steps: int) -> list[str]:
     ]
 
 
-def _train_args_without_decoding(corpus: str, workdir: str, steps: int) -> list[str]:
-    """`_train_args` for tests whose point is the data or the processes: no BLEU, the shortest decoding."""
+def _train_args_shortest_evaluation(corpus: str, workdir: str, steps: int) -> list[str]:
+    """`_train_args` for tests whose point is the data or the processes: no BLEU, the split decoded 4 tokens long."""
     args = _train_args(corpus, workdir, steps)
     args.remove("--config.eval.num_bleu_sentences=8")
     return [*args, "--config.eval.num_bleu_sentences=0", "--config.eval.max_decode_length=4"]
@@ -119,8 +119,8 @@ def _train_in_two_processes(args: list[str], log_prefix: str, deadline: float) -
 
 @pytest.fixture(scope="module")
 def saved_at_step_2(small_corpus, tmp_path_factory) -> str:
-    """Two processes x 2 devices trained 2 steps and saved: the run the tests below resume, each in a copy.
-    Its programs are in the compilation cache for them (one compilation for the file, not one per test)."""
+    """Two processes x 2 devices trained 2 steps and saved: the run the tests below resume, each in a copy
+    (its data and tokenizer prepared once); the programs it compiled are in train.py's compilation cache."""
     folder = tmp_path_factory.mktemp("saved_at_step_2")
     workdir = str(folder / "run")
     _train_in_two_processes(_train_args(small_corpus, workdir, 2), str(folder / "two_2"), time.monotonic() + _TIMEOUT)
@@ -173,12 +173,14 @@ def test_two_processes_resume_exactly_and_their_checkpoint_restores_in_one(
 
 def test_tensor_parallel_across_processes_reads_one_share_and_averages_checkpoints(small_corpus, tmp_path):
     """Tensor parallelism across 2 processes (1 device each): the batch is replicated, so both read one share;
-    the parameters are split over the processes, and --checkpoint=average:2 averages them."""
+    the parameters are split over the processes, and --checkpoint=average:2 averages them. Its evaluations draw
+    the attention maps, whose weights (heads split over the processes) every process must gather."""
     workdir = str(tmp_path / "run")
     args = [
-        *_train_args_without_decoding(small_corpus, workdir, 2),
+        *_train_args_shortest_evaluation(small_corpus, workdir, 2),
         "--config.mesh.tensor=2",
         "--config.checkpoint_every_steps=1",  # Two steps to average.
+        "--config.eval.attention_maps=True",
     ]
     deadline = time.monotonic() + _TIMEOUT
     returncodes = _wait_all(_start_processes(args, 2, 1, str(tmp_path / "tensor")), deadline)
@@ -195,6 +197,7 @@ def test_tensor_parallel_across_processes_reads_one_share_and_averages_checkpoin
     assert returncodes == [0, 0], _read(str(tmp_path / "average.0.log"))[-3000:]
     scores = json.loads(_read(os.path.join(workdir, "eval", "valid", "scores.json")))
     assert scores["checkpoint"] == "average of steps 1, 2"
+    assert os.path.exists(os.path.join(workdir, "eval", "valid", "attention.html"))  # Written by process 0.
 
 
 def test_a_data_position_lost_in_one_process_starts_every_process_afresh(small_corpus, saved_at_step_2, tmp_path):
@@ -203,7 +206,7 @@ def test_a_data_position_lost_in_one_process_starts_every_process_afresh(small_c
     workdir = str(shutil.copytree(saved_at_step_2, tmp_path / "run"))
     os.remove(os.path.join(workdir, "checkpoints", "2", "data", "process_1-of-2.json"))
 
-    args = _train_args_without_decoding(small_corpus, workdir, 3)
+    args = _train_args_shortest_evaluation(small_corpus, workdir, 3)
     returncodes = _wait_all(_start_processes(args, 2, 2, str(tmp_path / "resumed")), time.monotonic() + _TIMEOUT)
     first_log = _read(str(tmp_path / "resumed.0.log"))
     assert returncodes == [0, 0], first_log[-3000:]
@@ -216,7 +219,7 @@ def test_a_data_position_lost_in_one_process_starts_every_process_afresh(small_c
 
 
 def test_when_one_process_is_killed_the_other_stops_with_an_error(small_corpus, saved_at_step_2, tmp_path):
-    workdir = str(shutil.copytree(saved_at_step_2, tmp_path / "run"))  # Its train step is compiled already.
+    workdir = str(shutil.copytree(saved_at_step_2, tmp_path / "run"))  # Its programs are in train.py's cache.
     # Half the default heartbeat timeout: the bound below keeps a 4x margin on a loaded 2-core machine.
     args = [*_train_args(small_corpus, workdir, 100_000), "--heartbeat_timeout_seconds=15"]
     processes = _start_processes(args, 2, 2, str(tmp_path / "process"))

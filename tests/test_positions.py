@@ -56,8 +56,9 @@ def _config(variant: str, **changes):
     return dataclasses.replace(TINY_MODEL, **{**no_dropout, **VARIANTS[variant], **changes})
 
 
-# For the tests of what each layer does with positions: the same in every layer, and stacked layers are
-# test_cached_step_logits_equal_the_full_decoder's (every layer's cache).
+# For the tests of what each layer does with positions: the same in every layer. Stacked layers are
+# test_cached_step_logits_equal_the_full_decoder's (every layer's cache) and, for packed rows, the two-layer
+# packed-rows test of tests/test_packing.py.
 ONE_LAYER = dict(num_encoder_layers=1, num_decoder_layers=1)
 
 

@@ -15,7 +15,7 @@ import jax
 import numpy as np
 import pytest
 from conftest import REPO_ROOT, tiny_config
-from test_multi_host import _read, _start_processes, _train_args, _train_args_without_decoding, _wait_all
+from test_multi_host import _read, _start_processes, _train_args, _train_args_shortest_evaluation, _wait_all
 from test_train_loop import _best, _restore
 
 from common.errors import TrainingStopped
@@ -211,7 +211,7 @@ def test_runs_killed_at_random_moments_and_resumed_end_with_the_uninterrupted_pa
 def test_two_processes_stop_at_the_same_step_when_one_gets_sigterm(small_corpus, tmp_path):
     workdir = str(tmp_path / "run")
     deadline = time.monotonic() + 600
-    # 2 devices a process: the programs of tests/test_multi_host.py, compiled once in the test run.
+    # 2 devices a process: tests/test_multi_host.py's programs, shared through train.py's compilation cache.
     processes = _start_processes(_train_args(small_corpus, workdir, 100_000), 2, 2, str(tmp_path / "stop"))
     logs = [str(tmp_path / f"stop.{i}.log") for i in range(2)]
     try:
@@ -230,8 +230,8 @@ def test_two_processes_stop_at_the_same_step_when_one_gets_sigterm(small_corpus,
     assert int(matches[1][2]) == step and step % 1000  # Not a regular checkpoint step.
     assert sorted(os.listdir(os.path.join(workdir, "checkpoints"))) == [str(step)]
 
-    # The same command resumes from that step in both processes (here told to stop two steps later, not decoding).
-    resume = _train_args_without_decoding(small_corpus, workdir, step + 2)
+    # The run resumes from that step in both processes (told to stop two steps later, its evaluation cut short).
+    resume = _train_args_shortest_evaluation(small_corpus, workdir, step + 2)
     processes = _start_processes(resume, 2, 2, str(tmp_path / "resume"))
     assert _wait_all(processes, deadline) == [0, 0], _read(str(tmp_path / "resume.0.log"))[-3000:]
     assert f"Resumed from step {step} " in _read(str(tmp_path / "resume.0.log"))

@@ -45,8 +45,9 @@ def _best(workdir):
 def test_resumed_training_equals_uninterrupted_training(small_corpus, trained_tiny_run, tmp_path, compilation_cache):
     """Stopped at step 3 and resumed in this process, as the shared tiny run went straight to step 6 in train.py."""
     straight, resumed = trained_tiny_run, str(tmp_path / "resumed")
-    loop.train_and_evaluate(tiny_config(small_corpus, num_train_steps=3), resumed)
-    loop.train_and_evaluate(tiny_config(small_corpus), resumed)
+    maps = {"eval.attention_maps": True}  # The shared run's config.
+    loop.train_and_evaluate(tiny_config(small_corpus, num_train_steps=3, **maps), resumed)
+    loop.train_and_evaluate(tiny_config(small_corpus, **maps), resumed)
 
     config = tiny_config(small_corpus)
     state_a, data_a = _restore(config, straight, 6)
