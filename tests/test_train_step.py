@@ -8,12 +8,13 @@ import numpy as np
 import pytest
 from conftest import compiled_programs
 from tolerances import loss_rtol
+from train_programs import fresh_train_state
 
 from configs import default
 from models.build import make_model
 from training.optimizer import make_optimizer, rsqrt_schedule
 from training.runtime import sharding
-from training.state import create_train_state, initial_state, state_shardings
+from training.state import initial_state, state_shardings
 from training.steps import compile_train_step, eval_step, train_step, translation_loss
 
 
@@ -28,18 +29,20 @@ def test_rsqrt_schedule_warms_up_linearly_then_decays_as_inverse_sqrt():
 
 @functools.cache  # The state is immutable, and the tests of one setup share its compiled step.
 def _setup(grad_accumulation_steps=1, **model_overrides):
+    """One layer a stack unless `model_overrides` say otherwise: what the step does with a loss does not depend
+    on the depth, and each layer adds to the compile of every setup's step."""
     config = default.get_config()
     config.dataset.max_length = 16
     config.eval.max_decode_length = 16
     model_config = dict(
-        d_model=32, num_heads=4, d_ff=64, num_layers=2, dropout_rate=0.0, norm_placement="pre", dtype="float32"
+        d_model=32, num_heads=4, d_ff=64, num_layers=1, dropout_rate=0.0, norm_placement="pre", dtype="float32"
     )
     model_config.update(model_overrides)
     config.model.update(model_config)
     config.optimizer.update(schedule="rsqrt", peak_learning_rate=3e-3, warmup_steps=10)
     model = make_model(config, vocab_size=24)
     tx, schedule = make_optimizer(config.optimizer, d_model=config.model.d_model)
-    state = create_train_state(model, tx, seed=0)
+    state = fresh_train_state(model, tx, 0)
     step = jax.jit(
         functools.partial(
             train_step,
