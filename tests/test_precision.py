@@ -39,8 +39,8 @@ def _lowered_train_step(dtype: str) -> jax.stages.Lowered:
     config.model.update(d_model=32, num_heads=4, d_ff=64, num_layers=2, dropout_rate=0.1, max_len=16, dtype=dtype)
     model = make_model(config, vocab_size=24)
     tx = optax.adam(1e-3)
-    state = create_train_state(model, tx, seed=0)
-    batch = {"inputs": jnp.ones((4, 16), jnp.int32), "targets": jnp.ones((4, 16), jnp.int32)}
+    state = jax.eval_shape(lambda: create_train_state(model, tx, seed=0))  # Lowering reads its shapes alone.
+    batch = {"inputs": np.ones((4, 16), np.int32), "targets": np.ones((4, 16), np.int32)}
     step = functools.partial(
         train_step,
         loss_fn=functools.partial(translation_loss, model=model, label_smoothing=0.1),
