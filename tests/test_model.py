@@ -1,6 +1,7 @@
 """Tests for models/embeddings.py and models/transformer.py on a tiny configuration."""
 
 import dataclasses
+import functools
 import math
 
 import flax.linen as nn
@@ -159,7 +160,8 @@ def test_param_names(tiny):
 
 def test_every_parameter_names_a_logical_axis_per_dimension():
     config = dataclasses.replace(TINY, tie_embeddings=False, positional_encoding='learned')
-    boxed = Transformer(config).init(jax.random.key(0), INPUTS, TARGETS, deterministic=True)['params']
+    init = functools.partial(Transformer(config).init, deterministic=True)
+    boxed = jax.eval_shape(init, jax.random.key(0), INPUTS, TARGETS)['params']  # The boxes, shapes alone.
     leaves = jax.tree_util.tree_leaves(boxed, is_leaf=lambda x: isinstance(x, nn.LogicallyPartitioned))
     assert all(isinstance(leaf, nn.LogicallyPartitioned) for leaf in leaves)
     assert all(len(leaf.names) == leaf.value.ndim for leaf in leaves)
@@ -171,18 +173,18 @@ def test_every_parameter_names_a_logical_axis_per_dimension():
 def test_bfloat16_computes_float32_logits_with_float32_params(tiny):
     model_32, params = tiny
     model_16 = Transformer(dataclasses.replace(TINY, dtype='bfloat16'))
-    params_16 = nn.unbox(model_16.init(jax.random.key(0), INPUTS, TARGETS, deterministic=True)['params'])
+    # The dtypes its init gives, read off an abstract init (a real one would compile a program of its own).
+    init_16 = functools.partial(model_16.init, deterministic=True)
+    params_16 = nn.unbox(jax.eval_shape(init_16, jax.random.key(0), INPUTS, TARGETS)['params'])
     assert all(p.dtype == jnp.float32 for p in jax.tree_util.tree_leaves(params_16))
 
-    logits_16 = jax.jit(model_16.apply, static_argnames='deterministic')(
-        {'params': params}, INPUTS, TARGETS, deterministic=True
-    )
+    def loss(p):
+        logits = model_16.apply({'params': p}, INPUTS, TARGETS, deterministic=True)
+        return logits.mean(), logits
+
+    # The logits and their gradient in one program: the backward pass runs the forward one anyway.
+    (_, logits_16), grads = jax.jit(jax.value_and_grad(loss, has_aux=True))(params)
     logits_32 = model_32.apply({'params': params}, INPUTS, TARGETS, deterministic=True)
     assert logits_16.dtype == jnp.float32
     np.testing.assert_allclose(logits_16, logits_32, atol=0.1)  # Same function, bf16 rounding.
-
-    def loss(p):
-        return model_16.apply({'params': p}, INPUTS, TARGETS, deterministic=True).mean()
-
-    grads = jax.jit(jax.grad(loss))(params)
     assert all(g.dtype == jnp.float32 and np.all(np.isfinite(g)) for g in jax.tree_util.tree_leaves(grads))
