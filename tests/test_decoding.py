@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from conftest import TINY_MODEL
-from decoding_programs import decoding_program, shared_sampled_token
+from decoding_programs import cached_step_logits_program, decoding_program, shared_sampled_token
 from tolerances import FLOAT32_EPS, rounding_tolerance, transformer_operations
 
 from models import Transformer
@@ -66,26 +66,14 @@ def _model(dtype="float32", norm_placement="pre", positional_encoding="sinusoida
 @pytest.mark.parametrize("positional_encoding", ["sinusoidal", "learned"])
 def test_cached_step_logits_equal_full_decoder(norm_placement, positional_encoding):
     model, params, inputs = _model(norm_placement=norm_placement, positional_encoding=positional_encoding)
-    variables = {"params": params}
     decoder_inputs = jnp.asarray(np.random.default_rng(2).integers(4, 40, (3, 7)), jnp.int32).at[:, 0].set(BOS)
-    encoded = model.apply(variables, inputs, method=Transformer.encode, deterministic=True)
-    full = model.apply(variables, encoded, inputs, decoder_inputs, method=Transformer.decode, deterministic=True)
-
-    cache = model.apply(variables, encoded, 7, method=Transformer.init_cache)
+    full, stepped = cached_step_logits_program(model, 7)(params, inputs, decoder_inputs)
+    # The same logits in another order: within the rounding of the model's whole path. Hidden states are
+    # layer-normalized to unit scale; the logits can be larger.
+    operations = transformer_operations(model.config, inputs.shape[1], decoder_inputs.shape[1])
+    atol = rounding_tolerance(operations, magnitude=max(1.0, float(np.abs(full).max())))
     for position in range(7):
-        logits, cache = model.apply(
-            variables,
-            inputs,
-            decoder_inputs[:, position : position + 1],
-            jnp.int32(position),
-            cache,
-            method=Transformer.decode_step,
-        )
-        # The same logits in another order: within the rounding of the model's whole path. Hidden states are
-        # layer-normalized to unit scale; the logits can be larger.
-        operations = transformer_operations(model.config, inputs.shape[1], decoder_inputs.shape[1])
-        atol = rounding_tolerance(operations, magnitude=max(1.0, float(np.abs(full).max())))
-        np.testing.assert_allclose(logits, full[:, position], rtol=0, atol=atol)
+        np.testing.assert_allclose(stepped[:, position], full[:, position], rtol=0, atol=atol, err_msg=f"{position=}")
 
 
 def _shape(hlo_line: str) -> tuple[int, ...]:
