@@ -13,8 +13,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import TINY_MODEL, tiny_config
-from decoding_programs import decoding_program
+from conftest import TINY_MODEL, random_params, tiny_config
+from decoding_programs import cached_step_logits_program, decoding_program
 from test_packing import (
     PACKED_LENGTH,
     PACKED_ROWS,
@@ -248,9 +248,11 @@ def test_shifting_every_position_leaves_the_attention_unchanged(kind):
 
 
 def _init(config, length=UNPACKED_LENGTH):
+    """The model and random parameters of its shapes (NumPy: Flax's eager init would compile an operation at a
+    time); what these tests check holds for any parameters."""
     model = Transformer(config)
-    ids = jnp.full((1, length), 5, jnp.int32)
-    return model, nn.unbox(model.init(jax.random.key(0), ids, ids, deterministic=True)['params'])
+    ids = np.full((1, length), 5, np.int32)
+    return model, random_params(model, ids, ids)
 
 
 @pytest.mark.parametrize('variant', ['relative', 'rotary'])
@@ -302,26 +304,21 @@ def _decoding_model(variant, **changes):
 @pytest.mark.parametrize('variant', list(VARIANTS))
 def test_cached_step_logits_equal_the_full_decoder(variant):
     model, params, inputs = _decoding_model(variant)
-    variables = {'params': params}
     length = 7  # Beyond relative_clip = 2: cached steps see clipped distances.
     decoder_inputs = jnp.asarray(np.random.default_rng(2).integers(4, 40, (3, length)), jnp.int32).at[:, 0].set(BOS)
-    encoded = model.apply(variables, inputs, method=Transformer.encode, deterministic=True)
-    full = model.apply(variables, encoded, inputs, decoder_inputs, method=Transformer.decode, deterministic=True)
-    cache = model.apply(variables, encoded, length, method=Transformer.init_cache)
+    # The cache's shapes alone (eval_shape runs nothing): its keys have size d_k.
+    encoded = jax.ShapeDtypeStruct((*inputs.shape, model.config.d_model), jnp.float32)
+    init_cache = functools.partial(model.apply, method=Transformer.init_cache, max_length=length)
+    cache = jax.eval_shape(init_cache, {'params': params}, encoded)
     d_k = VARIANTS[variant].get('key_dim', 0) or model.config.d_v
     assert cache['layers_0']['self_key'].shape[-1] == cache['layers_0']['cross_key'].shape[-1] == d_k
+    full, stepped = cached_step_logits_program(model, length)(params, inputs, decoder_inputs)
     operations = transformer_operations(model.config, inputs.shape[1], length)
     atol = rounding_tolerance(operations, magnitude=max(1.0, float(np.abs(full).max())))
     for position in range(length):
-        logits, cache = model.apply(
-            variables,
-            inputs,
-            decoder_inputs[:, position : position + 1],
-            jnp.int32(position),
-            cache,
-            method=Transformer.decode_step,
+        np.testing.assert_allclose(
+            stepped[:, position], full[:, position], rtol=0, atol=atol, err_msg=f'position {position}'
         )
-        np.testing.assert_allclose(logits, full[:, position], rtol=0, atol=atol, err_msg=f'position {position}')
 
 
 @pytest.mark.parametrize('variant', ['relative', 'rotary'])
