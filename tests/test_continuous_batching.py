@@ -37,7 +37,8 @@ def _sources(count: int, rng: np.random.Generator, longest: int = 32) -> list[np
 
 @pytest.fixture(scope="module")
 def setting():
-    """(model, params, sources, {search: each source's output in one whole batch}), shared by the tests.
+    """(model, params, sources, alone), shared by the tests: alone(search) is each source's output in one whole
+    batch, decoded when a test first asks for that search (a program a search, not all three in the first test).
 
     In the whole batch each source is padded to the longest and has its own budget and key: what it decodes
     alone (tests/test_decoding.py), whatever its row and the batch's lengths.
@@ -52,11 +53,14 @@ def setting():
     for row, source in zip(inputs, sources):
         row[: len(source)] = source
     budgets = decode_length(np.array([len(source) for source in sources]), MAX_DECODE_LENGTH)
-    alone = {}
-    for name, search in SEARCHES.items():
+
+    @functools.cache
+    def alone(name: str) -> list[np.ndarray]:
+        search = SEARCHES[name]
         decode = functools.partial(decode_batch, search, model, max_length=MAX_DECODE_LENGTH, budgets=budgets)
         decoded = search.best(jax.jit(decode)(params, inputs))
-        alone[name] = [output[:budget] for output, budget in zip(np.asarray(decoded), budgets)]
+        return [output[:budget] for output, budget in zip(np.asarray(decoded), budgets)]
+
     return model, params, sources, alone
 
 
@@ -85,10 +89,10 @@ def test_refilled_rows_translate_each_sentence_as_decoding_it_alone(
     _, params, sources, alone = setting
     found = _decode(decoders[search], params, dict(enumerate(sources)), refill_share, monkeypatch)
     assert sorted(found) == list(range(len(sources)))  # Every sentence once.
-    for sentence, expected in enumerate(alone[search]):
+    for sentence, expected in enumerate(alone(search)):
         np.testing.assert_array_equal(found[sentence][: len(expected)], expected, err_msg=f"sentence {sentence}")
         assert np.all(found[sentence][len(expected) :] == PAD)
-    lengths = [np.count_nonzero(output != PAD) for output in alone[search]]
+    lengths = [np.count_nonzero(output != PAD) for output in alone(search)]
     assert len(set(lengths)) > 3, lengths  # Sentences end at different steps: rows are refilled at different times.
 
 
