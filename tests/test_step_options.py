@@ -5,14 +5,14 @@ import functools
 import jax
 import numpy as np
 import pytest
-from conftest import tiny_config
+from conftest import random_params, tiny_config
 from tolerances import BFLOAT16_EPS, loss_rtol, rounding_tolerance, transformer_operations
+from train_programs import fresh_train_state
 
 from common.errors import UserInputError
 from models.build import make_model
 from training import step_options
 from training.optimizer import make_optimizer
-from training.state import create_train_state
 from training.steps import train_step, translation_loss
 
 _LENGTH = 8
@@ -47,8 +47,8 @@ def _gradient_rtol(config, tokens: int, eps: float) -> float:
 @pytest.mark.parametrize("tie_embeddings", [True, False])
 def test_the_chunked_loss_equals_the_whole_one_within_float32_rounding(tie_embeddings):
     model, _ = _model(tie_embeddings=tie_embeddings)  # Dropout 0.1: both draw the same masks.
-    params = create_train_state(model, make_optimizer(tiny_config().optimizer, d_model=32)[0], seed=0).params
     batch = _batch()
+    params = random_params(model, batch["inputs"], batch["targets"])  # NumPy: no init to compile.
     whole_sums, whole_grads = _loss_and_grads(model, params, batch, loss_chunks=1)
     chunked_sums, chunked_grads = _loss_and_grads(model, params, batch, loss_chunks=4)
     rtol = loss_rtol(model.config, _LENGTH, batch["targets"].size)
@@ -64,8 +64,8 @@ def test_the_chunked_loss_equals_the_whole_one_within_float32_rounding(tie_embed
 
 def test_the_chunked_loss_keeps_the_bfloat16_precision_policy():
     model, _ = _model("bfloat16")
-    params = create_train_state(model, make_optimizer(tiny_config().optimizer, d_model=32)[0], seed=0).params
     batch = _batch()
+    params = random_params(model, batch["inputs"], batch["targets"])  # NumPy: no init to compile.
     whole_sums, whole_grads = _loss_and_grads(model, params, batch, loss_chunks=1)
     chunked_sums, chunked_grads = _loss_and_grads(model, params, batch, loss_chunks=2)
     np.testing.assert_allclose(
@@ -90,21 +90,15 @@ def test_each_prng_impl_draws_a_steps_dropout_key_from_the_base_key_alone():
         assert not np.array_equal(jax.random.key_data(key), jax.random.key_data(other_step))
 
 
-def _step(model, config, prng_impl):
-    tx, schedule = make_optimizer(config.optimizer, d_model=config.model.d_model)
-    loss_fn = functools.partial(translation_loss, model=model, label_smoothing=0.1)
-    step = jax.jit(
-        functools.partial(train_step, loss_fn=loss_fn, tx=tx, learning_rate_fn=schedule, prng_impl=prng_impl)
-    )
-    return step, create_train_state(model, tx, seed=0)
-
-
 def test_a_cheaper_prng_trains_deterministically_and_keeps_the_checkpointed_key():
     model, config = _model()
     batch = _batch()
+    tx, schedule = make_optimizer(config.optimizer, d_model=config.model.d_model)
+    loss_fn = functools.partial(translation_loss, model=model, label_smoothing=0.1)
+    state = fresh_train_state(model, tx, 0)  # Not donated: each impl's step starts from it.
     new_params = {}
     for impl in ("threefry2x32", "rbg"):
-        step, state = _step(model, config, impl)
+        step = jax.jit(functools.partial(train_step, loss_fn=loss_fn, tx=tx, learning_rate_fn=schedule, prng_impl=impl))
         # The state (what a checkpoint holds) is the same whatever the impl: any checkpoint restores under any.
         assert state.rng.shape == (2,) and state.rng.dtype == np.uint32
         key = jax.random.fold_in(state.rng, 1)
