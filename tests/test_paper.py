@@ -17,9 +17,8 @@ import numpy as np
 import optax
 import pytest
 from conftest import TINY_MODEL as TINY
-from conftest import tiny_config
+from conftest import random_params, tiny_config
 from tolerances import loss_rtol, rounding_tolerance, transformer_operations
-from train_programs import fresh_train_state
 
 from configs import default
 from models import Transformer
@@ -29,6 +28,7 @@ from models.embeddings import PositionalEncoding, sinusoidal_positions
 from models.layers import DecoderLayer, EncoderLayer, FeedForward
 from models.transformer import Decoder, Encoder, shift_right
 from training.optimizer import make_optimizer
+from training.state import TrainState
 from training.steps import train_step
 from training.tasks.translation import TranslationTask
 
@@ -318,7 +318,8 @@ def test_label_smoothing_of_the_train_step_is_kl_to_the_smoothed_targets():
     config.model.update(dropout_rate=0.0, attention_dropout_rate=0.0)
     model = make_model(config, vocab_size=24)
     tx = optax.trace(decay=0.0)
-    state = fresh_train_state(model, tx, 0)
+    params = random_params(model, batch['inputs'], batch['targets'])  # NumPy: no init to compile.
+    state = TrainState(step=np.int32(0), params=params, opt_state=tx.init(params), rng=jax.random.PRNGKey(0))
 
     def logits_of(params):
         return model.apply({'params': params}, batch['inputs'], batch['targets'], deterministic=True)
