@@ -73,10 +73,12 @@ def _run_cli(*args):
 
 
 def test_cli_trains_then_evaluates_a_checkpoint(small_corpus, tmp_path):
+    """configs/tiny.py's model as it is: train.py reads the programs `trained_tiny_run` compiled (for the test
+    above) from its compilation cache instead of compiling its own."""
     workdir = str(tmp_path / "run")
     common = ["--config=configs/tiny.py", f"--workdir={workdir}", f"--config.dataset.path={small_corpus}"]
     started = time.monotonic()
-    trained = _run_cli(*common, "--config.num_train_steps=4", "--config.model.num_layers=2")
+    trained = _run_cli(*common, "--config.num_train_steps=4")
     trained_seconds = time.monotonic() - started
     assert trained.returncode == 0, trained.stderr[-3000:]
     assert sorted(os.listdir(os.path.join(workdir, "checkpoints"))) == ["3", "4"]
@@ -90,7 +92,7 @@ def test_cli_trains_then_evaluates_a_checkpoint(small_corpus, tmp_path):
     assert set(seconds) == {"setup", "compile", "train", "evaluation"} and min(seconds.values()) > 0
     assert sum(seconds.values()) < attempt["wall_seconds"] < trained_seconds + 0.02  # /proc counts in 10 ms ticks.
 
-    evaluated = _run_cli(*common, "--config.model.num_layers=2", "--mode=eval", "--checkpoint=3")
+    evaluated = _run_cli(*common, "--mode=eval", "--checkpoint=3")
     assert evaluated.returncode == 0, evaluated.stderr[-3000:]
     out_dir = os.path.join(workdir, "eval", "test")
     with open(os.path.join(out_dir, "scores.json")) as f:
@@ -106,7 +108,7 @@ def test_cli_trains_then_evaluates_a_checkpoint(small_corpus, tmp_path):
     with open(os.path.join(out_dir, "references.txt"), encoding="utf-8") as f:
         assert f.read().splitlines() == references
 
-    mismatched = _run_cli(*common, "--config.model.num_layers=2", "--config.model.d_model=64", "--mode=eval")
+    mismatched = _run_cli(*common, "--config.model.d_model=64", "--mode=eval")
     assert mismatched.returncode == 2
     last_line = mismatched.stderr.strip().splitlines()[-1]
     assert last_line.startswith("error: The checkpoint at step 4") and "does not fit the model" in last_line
