@@ -1,6 +1,5 @@
 """benchmarks/peer_throughput.py's accelerator mode, run on the CPU at its tiny size: every contender, the profiles."""
 
-import json
 import math
 import subprocess
 import sys
@@ -24,17 +23,16 @@ def _run(*arguments: str) -> subprocess.CompletedProcess:
 @pytest.mark.slow  # A benchmark in a process of its own.
 def test_tiny_run_times_each_variant_against_torch_and_profiles_it(tmp_path):
     variant = "loss_chunks=2+prng_impl=unsafe_rbg"
-    output = str(tmp_path / "peer")
-    done = _run(
+    arguments = [
         *_TINY,
         f"--variants=default,{variant}",
         "--profile_steps=1",
         "--torch_compile_backend=eager",  # The torch.compile path without minutes of compiling on a CPU.
-        f"--output={output}",
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    with open(output + ".json") as f:
-        figures = json.load(f)["figures"]
+    ]
+    # As step_variants runs each XLA flag set (here none): in a process of its own, its record read back.
+    record = step_variants.run_with_xla_flags("", arguments, str(tmp_path / "peer"))
+    assert "error" not in record, record["error"]
+    figures = record["figures"]
     contenders = figures["contenders"]
     assert list(contenders) == ["default", variant, "torch", "torch_compile"]
     for row in contenders.values():
@@ -47,10 +45,10 @@ def test_tiny_run_times_each_variant_against_torch_and_profiles_it(tmp_path):
 
 
 @pytest.mark.slow  # A benchmark in a process of its own.
-def test_an_xla_flag_set_runs_in_a_process_of_its_own(tmp_path):
+def test_an_xla_flag_set_reaches_the_process_it_runs_in(tmp_path):
+    """A flag XLA does not know stops the process at start-up: its error comes back, naming the flag (a flag
+    set that runs is the test above's)."""
     arguments = [*_TINY, "--variants=default", "--frameworks=jax"]
-    record = step_variants.run_with_xla_flags("", arguments, str(tmp_path / "flags"))
-    assert record["figures"]["contenders"]["default"]["tokens_per_second"] > 0
     failed = step_variants.run_with_xla_flags("--xla_no_such_flag=true", arguments, str(tmp_path / "bad"))
     assert "xla_no_such_flag" in failed["error"]
 
