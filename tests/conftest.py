@@ -35,10 +35,10 @@ FAST_COMPILE_XLA_FLAGS = "--xla_backend_optimization_level=0"
 if FAST_COMPILE_XLA_FLAGS not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {FAST_COMPILE_XLA_FLAGS}".strip()
 
-# OpenMP's threads (CTranslate2's, in this process and the ones the tests start) sleep while they wait for work
-# instead of spinning: the two workers of a test run share two cores, and CTranslate2 translating beside a busy
-# process spun ~100x slower (a decode_speed run: 53 s spinning, 11 s sleeping). Set before the OpenMP runtimes
-# start; PyTorch's, loaded by the imports above, keeps spinning.
+# OpenMP's threads (CTranslate2's and PyTorch's, in the processes the tests start; CTranslate2's in this one) sleep
+# while they wait for work instead of spinning: the two workers of a test run share two cores, and CTranslate2
+# translating beside a busy process spun several times slower. Read when an OpenMP runtime starts, so PyTorch's in
+# this process (loaded by the imports above) keeps spinning.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

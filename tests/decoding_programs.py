@@ -33,7 +33,7 @@ def cached_step_logits_program(model: Transformer, length: int):
     """The full decoder's logits and the cached decode steps', jitted, as a function of (params, inputs,
     decoder_inputs [batch, length]) returning both [batch, length, vocab].
 
-    The steps run in a scan from `init_cache`, one position a step, the position traced as decoding traces it;
+    The steps run in a scan from `init_cache`, one position a step, the position traced (a loop's, as in decoding);
     step i reads decoder_inputs[:, i] and should give the full decoder's logits at i.
     """
 

@@ -12,8 +12,8 @@ the sharded parameters match the one-device results, also through evaluation's o
 batching under rules that keep the batch off the FSDP axis. `checkpoint` saves under
 8-way data parallelism and restores onto 4 data x 2 FSDP and 2 data x 4 tensor (the state, and
 the average of two steps' parameters).
-`classifier` trains the encoder classifier (config.task='classification') in the
-layouts and checks its losses and class probabilities against one device.
+`classifier` trains the encoder classifier (config.task='classification') under pmap, tensor
+parallelism and FSDP with micro-batches, and checks its losses and class probabilities against one device.
 `positions` trains with relative positions (their tables, relative values and a
 smaller key size) and with rotary positions on 2 data x 2 FSDP x 2 tensor, checking
 losses, parameters and greedy decoding against one device. `decoding_cache` decodes on
@@ -242,7 +242,7 @@ def check_classifier() -> None:
     assert len(jax.devices()) == 8, jax.devices()
     batches = _batches(NUM_STEPS, task="classification")
     # FSDP with the classifier's loss on the micro-batch layout alone: its parameters are laid out as without
-    # micro-batches, and sharding the parameters is the same for any loss (`layouts` checks both).
+    # micro-batches, and sharding the parameters is the same for any loss (`check_layouts` checks both).
     names = ["1 device", "pmap 8", "jit 2 data x 4 tensor", "jit 4 data x 2 fsdp, 2 micro-batches"]
     results = {name: _train(*LAYOUTS[name], batches, task="classification") for name in names}
     reference_losses, reference_state, (config, mesh, model) = results["1 device"]

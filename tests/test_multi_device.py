@@ -55,8 +55,8 @@ def test_every_layout_trains_like_one_device(output):
     assert "jit 2 data x 4 tensor" in output and "pmap 8" in output
 
 
-def test_the_classifier_trains_in_every_layout_like_one_device(output):
-    """The encoder classifier: pmap, jit data / FSDP / tensor / accumulation agree in loss and predictions."""
+def test_the_classifier_trains_in_each_kind_of_layout_like_one_device(output):
+    """The encoder classifier: pmap, jit tensor and jit FSDP with accumulation agree in loss and predictions."""
     output = _check(output, "classifier")
     assert "classifier, jit 2 data x 4 tensor" in output
 

@@ -21,7 +21,7 @@ def _run(*arguments: str) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.slow  # A benchmark in a process of its own.
-def test_tiny_run_times_each_variant_against_torch_and_profiles_it(tmp_path):
+def test_tiny_run_times_each_variant_against_torch_and_profiles_it(tmp_path, monkeypatch):
     variant = "loss_chunks=2+prng_impl=unsafe_rbg"
     arguments = [
         *_TINY,
@@ -29,7 +29,10 @@ def test_tiny_run_times_each_variant_against_torch_and_profiles_it(tmp_path):
         "--profile_steps=1",
         "--torch_compile_backend=eager",  # The torch.compile path without minutes of compiling on a CPU.
     ]
-    # As step_variants runs each XLA flag set (here none): in a process of its own, its record read back.
+    # As step_variants runs each XLA flag set (here none): in a process of its own, its record read back; on the
+    # CPU, as the other tests' processes (`entry_point_env`), whatever accelerator the machine has.
+    for name in ("JAX_PLATFORMS", "CUDA_VISIBLE_DEVICES"):
+        monkeypatch.setenv(name, entry_point_env()[name])
     record = step_variants.run_with_xla_flags("", arguments, str(tmp_path / "peer"))
     assert "error" not in record, record["error"]
     figures = record["figures"]

@@ -113,7 +113,9 @@ def _save_in_flight(workdir: str) -> bool:
     return os.path.isdir(folder) and any(".orbax-checkpoint-tmp" in name for name in os.listdir(folder))
 
 
-_STEPS = 30  # Each of the 4 interrupted runs saves 2 to 8 steps (26 at most), then the last one finishes.
+# Each of the 4 interrupted runs saves 2 to 8 steps (26 at most) and those it runs while its signal waits; the
+# last one trains the rest.
+_STEPS = 40
 _TIMEOUT = 300  # Seconds for any one run; a hang fails the test.
 
 

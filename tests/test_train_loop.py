@@ -73,8 +73,8 @@ def _run_cli(*args):
 
 
 def test_cli_trains_then_evaluates_a_checkpoint(small_corpus, tmp_path):
-    """configs/tiny.py's model as it is: train.py reads the programs `trained_tiny_run` compiled (for the test
-    above) from its compilation cache instead of compiling its own."""
+    """configs/tiny.py's model as it is: where `trained_tiny_run` was trained first in this test run, train.py
+    reads its programs from the compilation cache instead of compiling its own."""
     workdir = str(tmp_path / "run")
     common = ["--config=configs/tiny.py", f"--workdir={workdir}", f"--config.dataset.path={small_corpus}"]
     started = time.monotonic()
