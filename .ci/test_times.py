@@ -29,11 +29,15 @@ def read_times(junit_xml: str) -> tuple[float, list[tuple[float, str]]]:
     return wall, sorted(((float(case.get("time", 0)), _id(case)) for case in cases), reverse=True)
 
 
-def read_failures(junit_xml: str) -> list[str]:
-    """The ids of the tests that failed or errored."""
-    return [
-        _id(case) for case in _cases(junit_xml)[1] if case.find("failure") is not None or case.find("error") is not None
-    ]
+def read_failures(junit_xml: str, message_chars: int = 2000) -> dict[str, str]:
+    """Each test that failed or errored: its id and the last `message_chars` of pytest's message (the assertion
+    or the exception, with what the test put in it), so that a failure seen once can be read later."""
+    failures = {}
+    for case in _cases(junit_xml)[1]:
+        problem = case.find("failure") if case.find("failure") is not None else case.find("error")
+        if problem is not None:
+            failures[_id(case)] = (problem.get("message") or "")[-message_chars:]
+    return failures
 
 
 def main() -> int:

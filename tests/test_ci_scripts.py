@@ -42,10 +42,10 @@ def test_a_tier_prints_its_time_and_slowest_tests_and_fails_a_test_over_its_limi
     assert _run(junit_xml).returncode == 0  # No limit: only the printout.
 
 
-def test_the_failed_tests_are_read_by_id(tmp_path):
+def test_the_failed_tests_are_read_by_id_with_their_message(tmp_path):
     junit_xml = tmp_path / "fast.xml"
     junit_xml.write_text(_JUNIT, encoding="utf-8")
     test_times = runpy.run_path(TEST_TIMES)
-    assert test_times["read_failures"](str(junit_xml)) == ["tests.test_b::test_broken"]
+    assert test_times["read_failures"](str(junit_xml)) == {"tests.test_b::test_broken": "assert 0"}
     wall, tests = test_times["read_times"](str(junit_xml))
     assert wall == 42.5 and [test for _, test in tests][0] == "tests.test_a::test_compiles[x]"
