@@ -620,8 +620,9 @@ def _write_finished_run(workdir: str, config, hypotheses: list[str], references:
 
 
 def _sacrebleu_p_value(base: list[str], system: list[str], references: list[str]) -> float:
-    """sacreBLEU's own paired bootstrap test (1,000 resamples, its default seed) of `system` against `base`."""
-    _, scores = PairedTest([("base", base), ("system", system)], {"BLEU": BLEU()}, [references], test_type="bs")()
+    """sacreBLEU's own paired bootstrap test (10,000 resamples, its default seed) of `system` against `base`."""
+    named = [("base", base), ("system", system)]
+    _, scores = PairedTest(named, {"BLEU": BLEU()}, [references], test_type="bs", n_samples=10_000)()
     return scores["BLEU"][1].p_value
 
 
@@ -655,21 +656,21 @@ def test_bleu_significance_is_sacrebleus_paired_bootstrap_of_each_seed_against_t
     base = translations["base"]
     assert rows["base"].significance is None
     # Far better than the base: every seed significant, with the p-value sacreBLEU's own test gives: its least,
-    # 1/1,001, as no resample's difference exceeds the real one (~100 BLEU) by more than the resamples' mean.
+    # 1/10,001, as no resample's difference exceeds the real one (~100 BLEU) by more than the resamples' mean.
     perfect = _sacrebleu_p_value(base, references, references)
-    assert perfect == pytest.approx(1 / 1001)
+    assert perfect == pytest.approx(1 / 10_001)
     assert rows["heads_1"].significance.p_values == {0: perfect, 1: perfect}
     assert rows["heads_1"].significance.significant == 2
-    # The base's own translations: p = 1, no seed significant (sacreBLEU alone says 1/1,001: no resample exceeds 0).
+    # The base's own translations: p = 1, no seed significant (sacreBLEU alone says 1/10,001: no resample exceeds 0).
     assert rows["key_16"].significance.p_values == {0: 1.0, 1: 1.0}
     assert rows["key_16"].significance.significant == 0
-    assert _sacrebleu_p_value(base, list(base), references) == pytest.approx(1 / 1001)
+    assert _sacrebleu_p_value(base, list(base), references) == pytest.approx(1 / 10_001)
     # Six sentences of 60 right: sacreBLEU's p-value, whatever it is, on each seed.
     closer = _sacrebleu_p_value(base, translations["layers_1"], references)
     assert rows["layers_1"].significance.p_values == {0: closer, 1: closer}
     assert rows["smoothing_0"].significance is None  # No run.
     signature = rows["heads_1"].significance.signature
-    assert "bs:1000" in signature and "seed:12345" in signature and "tok:13a" in signature
+    assert "bs:10000" in signature and "seed:12345" in signature and "tok:13a" in signature
     # The table and the CSV show them.
     with open(os.path.join(synthetic_sweep["root"], "results.md"), encoding="utf-8") as f:
         markdown = f.read()
