@@ -29,7 +29,7 @@ from training.runtime import compilation_cache as project_compilation_cache
 # Every process of the test run compiles fast rather than well: the suite is mostly compiling small programs.
 # LLVM's code generation unoptimized (~1.6x as fast), and XLA:CPU's older fusion emitters, which write a fusion's
 # LLVM IR directly, not through MLIR as its newer ones do (a decoding program compiles in about half the time, a
-# train step in two thirds; the steps run ~20% slower). The HLO is the same; the kernels are slower and may round
+# train step in two thirds; the steps run 23-31% slower). The HLO is the same; the kernels are slower and may round
 # differently (fewer fused multiply-adds), within the float32 bounds the tests use. JAX reads XLA_FLAGS once,
 # when its backend starts (after the imports, before the first test); the entry points the tests start inherit
 # it (`entry_point_env`), unless a test sets flags of its own.
