@@ -293,6 +293,7 @@ MEASURED_PATHS = {
     "benchmarks.test_tiers": ("tests/", ".ci/", "pyproject.toml", "benchmarks/test_tiers.py"),
     "sweep": (*_TRAINING, "sweep.py", "sweeps/"),
     "benchmarks.sweep_jobs": (*_TRAINING, "sweep.py", "sweeps/", "benchmarks/sweep_jobs.py"),
+    "benchmarks.sweep_run_cost": (*_TRAINING, "sweep.py", "sweeps/", "benchmarks/sweep_run_cost.py"),
 }
 
 
