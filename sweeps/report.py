@@ -173,19 +173,25 @@ def _scaled(value: float | None, scale: float) -> float | None:
 
 
 def record_figures(summaries: Sequence[VariantSummary]) -> dict:
-    """The table as a record's figures: per variant its runs, estimates, differences to the base and p-values."""
+    """The table as a record's figures: per variant its runs, estimates, differences to the base and p-values.
+
+    Each variant's test BLEU is also given seed by seed, with its difference to the base run of that seed:
+    a seed's p-value says whether it differs, the sign which way (seeds may differ in opposite directions).
+    """
     results = [r for s in summaries for r in s.results]
+    base_bleu = {r.run.seed: r.test_bleu for r in summaries[0].results} if summaries else {}
     return {
         "significance_level": LEVEL,
         "significance_test": sorted({s.significance.signature for s in summaries if s.significance}),
         "bleu_signature": sorted({r.signature for r in results if r.signature}),
         "decoding": sorted({r.decoding for r in results if r.decoding}),
-        "variants": {s.variant.name: _variant_figures(s) for s in summaries},
+        "variants": {s.variant.name: _variant_figures(s, base_bleu) for s in summaries},
     }
 
 
-def _variant_figures(s: VariantSummary) -> dict:
+def _variant_figures(s: VariantSummary, base_bleu: Mapping[int, float | None]) -> dict:
     tested = s.significance
+    by_seed = {r.run.seed: r.test_bleu for r in sorted(s.results, key=lambda r: r.run.seed)}
     return {
         "group": s.variant.group,
         "description": s.variant.description,
@@ -195,6 +201,12 @@ def _variant_figures(s: VariantSummary) -> dict:
         "steps": s.steps,
         **{column: _estimate_figures(s.estimates[column]) for column in _METRICS},
         **{f"{column}_diff": _estimate_figures(s.differences[column]) for column in _COMPARED},
+        "test_bleu_by_seed": {str(seed): bleu for seed, bleu in by_seed.items()},
+        "test_bleu_diff_by_seed": {
+            str(seed): bleu - base_bleu[seed]
+            for seed, bleu in by_seed.items()
+            if bleu is not None and base_bleu.get(seed) is not None
+        },
         "test_bleu_p_values": None if tested is None else {str(seed): p for seed, p in tested.p_values.items()},
         "test_bleu_significant_seeds": None if tested is None else tested.significant,
         "test_bleu_holm_p_values": None

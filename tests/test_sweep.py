@@ -604,6 +604,13 @@ def test_summaries_estimate_each_variant_and_pair_its_seeds_with_the_base():
     assert (more.estimates["test_bleu"].n, more.differences["test_bleu"].mean) == (1, 1.0)  # 13 - 12, seed 1.
     assert more.differences["valid_perplexity"].mean == -2.0
     assert none.estimates["test_bleu"] is None and none.differences["test_bleu"] is None and none.steps is None
+    # The record gives each seed's BLEU and its difference to the same seed's base run, signs kept.
+    figures = report.record_figures([base, more, none])["variants"]
+    assert figures["more"]["test_bleu_by_seed"] == {"1": 13.0} and figures["more"]["test_bleu_diff_by_seed"] == {
+        "1": 1.0
+    }
+    assert figures["base"]["test_bleu_diff_by_seed"] == {"0": 0.0, "1": 0.0}
+    assert figures["none"]["test_bleu_by_seed"] == {} and figures["none"]["test_bleu_diff_by_seed"] == {}
 
 
 def _test_sentences(count: int) -> list[str]:
