@@ -415,6 +415,38 @@ def test_a_failed_check_is_shown_failed():
     assert results_table._result(row, workflow | {"passed": False}).startswith("FAILED: ran in ")
 
 
+def _table3_variant(diffs: dict, holm: dict) -> dict:
+    """A Table 3 record's variant: each seed's Δ BLEU to the base and its Holm-adjusted p-value."""
+    return {
+        "runs_finished": len(diffs),
+        "runs_planned": 3,
+        "test_bleu_diff": {"mean": sum(diffs.values()) / len(diffs)},
+        "test_bleu_diff_by_seed": diffs,
+        "test_bleu_holm_p_values": holm,
+        "test_bleu_significant_seeds_after_holm": sum(p < 0.05 for p in holm.values()),
+    }
+
+
+def test_the_table3_row_names_differences_in_every_seed_apart_from_those_in_some_or_of_opposite_signs():
+    base = {"runs_finished": 3, "runs_planned": 3, "test_bleu": {"mean": 14.0, "std": 0.5}}
+    figures = {
+        "significance_level": 0.05,
+        "variants": {
+            "base": base,
+            "every": _table3_variant({"0": -1.0, "1": -2.0, "2": -3.0}, {"0": 0.01, "1": 0.01, "2": 0.02}),
+            "opposite": _table3_variant({"0": 1.5, "1": 0.1, "2": -1.5}, {"0": 0.01, "1": 0.9, "2": 0.01}),
+            # Its one unsurvived seed goes the other way: its survivors agree, so no "opposite signs".
+            "one": _table3_variant({"0": 0.3, "1": -0.6, "2": 0.9}, {"0": 1.0, "1": 1.0, "2": 0.01}),
+            "none": _table3_variant({"0": 0.2, "1": 0.1, "2": -0.3}, {"0": 1.0, "1": 1.0, "2": 1.0}),
+        },
+    }
+    row = results_table._table3(figures)
+    every, some = row.split("; in some (seeds where it does / seeds compared): ")
+    assert every.endswith("in every seed compared: every -2.00")
+    assert some == "opposite +0.03 (2/3, of opposite signs), one +0.20 (1/3)"
+    assert row.startswith("15 of 15 runs; base test BLEU 14.00 ± 0.50;")
+
+
 def _git(folder, *arguments: str) -> str:
     command = ["git", "-c", "user.name=t", "-c", "user.email=t@example.com", *arguments]
     return subprocess.run(command, cwd=folder, capture_output=True, text=True, check=True).stdout.strip()
