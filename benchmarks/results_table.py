@@ -134,7 +134,8 @@ def _decode_speed(figures: dict) -> str:
 
 def _table3(figures: dict) -> str:
     """How many of the planned runs the record holds, the base's test BLEU, and the differences that survive Holm:
-    those that do in every seed compared, then those that do in some (where the seeds' signs disagree, it says so).
+    those that do in every seed compared and one direction (with the count where seeds are missing), then the
+    others (surviving seeds / seeds compared, and whether the surviving seeds' signs disagree).
     """
     variants = figures["variants"]
     finished = sum(v["runs_finished"] for v in variants.values())
@@ -152,7 +153,7 @@ def _table3(figures: dict) -> str:
         }
         described = f"{name} {v['test_bleu_diff']['mean']:+.2f}"
         if holm == compared and len(signs) <= 1:
-            every.append(described)
+            every.append(described + (f" ({holm}/{compared})" if compared < v["runs_planned"] else ""))
         else:
             some.append(f"{described} ({holm}/{compared}{', of opposite signs' if len(signs) > 1 else ''})")
     base_bleu = "–" if base is None else f"{base['mean']:.2f}"
@@ -162,7 +163,7 @@ def _table3(figures: dict) -> str:
         f"{finished} of {planned} runs{' (partial)' if finished < planned else ''}; base test BLEU {base_bleu}; "
         "Δ BLEU to the base surviving Holm's correction in every seed compared: "
         + (", ".join(every) or "none")
-        + "; in some (seeds where it does / seeds compared): "
+        + "; in some seeds or opposite ways (seeds where it does / seeds compared): "
         + (", ".join(some) or "none")
     )
 
@@ -307,7 +308,14 @@ MEASURED_PATHS = {
     "benchmarks.test_tiers": ("tests/", ".ci/", "pyproject.toml", "benchmarks/test_tiers.py"),
     "sweep": (*_TRAINING, "sweep.py", "sweeps/"),
     "benchmarks.sweep_jobs": (*_TRAINING, "sweep.py", "sweeps/", "benchmarks/sweep_jobs.py"),
-    "benchmarks.sweep_run_cost": (*_TRAINING, "sweep.py", "sweeps/", "benchmarks/sweep_run_cost.py"),
+    "benchmarks.sweep_run_cost": (  # It runs train.py as the sweep does, and collects nothing.
+        *_TRAINING,
+        "sweeps/__init__.py",
+        "sweeps/runner.py",
+        "sweeps/train_processes.py",
+        "sweeps/ledger.py",
+        "benchmarks/sweep_run_cost.py",
+    ),
 }
 
 

@@ -64,11 +64,16 @@ def estimate(values: Sequence[float | None]) -> Estimate | None:
     return Estimate(float(np.mean(present)), std, len(present))
 
 
+def seed_differences(values: Mapping[int, float | None], base: Mapping[int, float | None]) -> dict[int, float]:
+    """seed -> value - base, in seed order, over the seeds both have (seed -> value)."""
+    common = sorted(seed for seed in values if values[seed] is not None and base.get(seed) is not None)
+    return {seed: values[seed] - base[seed] for seed in common}
+
+
 def paired_difference(values: Mapping[int, float | None], base: Mapping[int, float | None]) -> Estimate | None:
     """value - base over the seeds both have (seed -> value): paired, as runs with one seed share the
     data order and the tokenizer, so the differences vary less than the values."""
-    common = sorted(seed for seed in values if values[seed] is not None and base.get(seed) is not None)
-    return estimate([values[seed] - base[seed] for seed in common])
+    return estimate(list(seed_differences(values, base).values()))
 
 
 def format_estimate(value: Estimate | None, digits: int, planned: int, *, signed: bool = False) -> str:
@@ -128,6 +133,8 @@ class VariantSummary:
     estimates: dict[str, Estimate | None]
     differences: dict[str, Estimate | None]
     significance: Significance | None = None  # Test BLEU against the base, seed by seed.
+    # seed -> test BLEU minus the same seed's base run's ({} for the base): which way each seed's difference goes.
+    bleu_differences: dict[int, float] = dataclasses.field(default_factory=dict)
 
     @property
     def num_params(self) -> int | None:
@@ -162,8 +169,15 @@ def summarize(variants: Sequence[Variant], results: Sequence[RunResult], planned
             else None
             for column in _COMPARED
         }
+        bleu_differences = {}
+        if variant is not variants[0]:
+            bleu_differences = seed_differences(
+                by_seed(variant.name, "test_bleu"), by_seed(variants[0].name, "test_bleu")
+            )
         summaries.append(
-            VariantSummary(variant, mine, planned[variant.name], estimates, differences, tests.get(variant.name))
+            VariantSummary(
+                variant, mine, planned[variant.name], estimates, differences, tests.get(variant.name), bleu_differences
+            )
         )
     return summaries
 
@@ -179,17 +193,16 @@ def record_figures(summaries: Sequence[VariantSummary]) -> dict:
     a seed's p-value says whether it differs, the sign which way (seeds may differ in opposite directions).
     """
     results = [r for s in summaries for r in s.results]
-    base_bleu = {r.run.seed: r.test_bleu for r in summaries[0].results} if summaries else {}
     return {
         "significance_level": LEVEL,
         "significance_test": sorted({s.significance.signature for s in summaries if s.significance}),
         "bleu_signature": sorted({r.signature for r in results if r.signature}),
         "decoding": sorted({r.decoding for r in results if r.decoding}),
-        "variants": {s.variant.name: _variant_figures(s, base_bleu) for s in summaries},
+        "variants": {s.variant.name: _variant_figures(s) for s in summaries},
     }
 
 
-def _variant_figures(s: VariantSummary, base_bleu: Mapping[int, float | None]) -> dict:
+def _variant_figures(s: VariantSummary) -> dict:
     tested = s.significance
     by_seed = {r.run.seed: r.test_bleu for r in sorted(s.results, key=lambda r: r.run.seed)}
     return {
@@ -202,11 +215,7 @@ def _variant_figures(s: VariantSummary, base_bleu: Mapping[int, float | None]) -
         **{column: _estimate_figures(s.estimates[column]) for column in _METRICS},
         **{f"{column}_diff": _estimate_figures(s.differences[column]) for column in _COMPARED},
         "test_bleu_by_seed": {str(seed): bleu for seed, bleu in by_seed.items()},
-        "test_bleu_diff_by_seed": {
-            str(seed): bleu - base_bleu[seed]
-            for seed, bleu in by_seed.items()
-            if bleu is not None and base_bleu.get(seed) is not None
-        },
+        "test_bleu_diff_by_seed": {str(seed): difference for seed, difference in s.bleu_differences.items()},
         "test_bleu_p_values": None if tested is None else {str(seed): p for seed, p in tested.p_values.items()},
         "test_bleu_significant_seeds": None if tested is None else tested.significant,
         "test_bleu_holm_p_values": None
@@ -290,8 +299,8 @@ def page(
         "per variant). "
         "Each cell is the mean ± sample standard deviation over the finished seeds ((n=k): only k finished). "
         "Δ: the difference to the base run of the same seed (same data order and tokenizer), mean ± standard "
-        "deviation over the seeds both finished. BLEU p: sacreBLEU's paired bootstrap resampling of the test "
-        "sentences, each seed's run against the base run of the same seed "
+        "deviation over the seeds both finished, then (by seed) each seed's, in seed order. BLEU p: sacreBLEU's "
+        "paired bootstrap resampling of the test sentences, each seed's run against the base run of the same seed "
         f"({'; '.join(tests) or 'no test yet'}); k/n: k of the n seeds compared differ at p < "
         f"{LEVEL}, then each seed's p-value. Holm: the same after Holm's step-down correction over all "
         f"the table's tests ({_tests_count(summaries)}), which keeps the chance of any false difference in the "
@@ -302,8 +311,8 @@ def page(
         "scale, so compare the direction and size of the differences, not the numbers.",
         "",
         "| variant | row | what | n | params | steps | train min | valid PPL | Δ PPL | test BLEU | Δ BLEU "
-        "| BLEU p | Holm | chrF | Δ chrF | paper row | paper PPL | paper BLEU | paper params |",
-        "|" + "---|" * 19,
+        "| Δ BLEU by seed | BLEU p | Holm | chrF | Δ chrF | paper row | paper PPL | paper BLEU | paper params |",
+        "|" + "---|" * 20,
     ]
     for s in summaries:
         e, d, paper = s.estimates, s.differences, s.variant.paper
@@ -319,6 +328,7 @@ def page(
             format_estimate(d["valid_perplexity"], 2, s.planned, signed=True),
             format_estimate(e["test_bleu"], 2, s.planned),
             format_estimate(d["test_bleu"], 2, s.planned, signed=True),
+            ", ".join(f"{difference:+.2f}" for difference in s.bleu_differences.values()) or "–",
             s.significance.describe() if s.significance else "–",
             s.significance.describe_holm() if s.significance else "–",
             format_estimate(e["test_chrf"], 1, s.planned),

@@ -438,13 +438,17 @@ def test_the_table3_row_names_differences_in_every_seed_apart_from_those_in_some
             # Its one unsurvived seed goes the other way: its survivors agree, so no "opposite signs".
             "one": _table3_variant({"0": 0.3, "1": -0.6, "2": 0.9}, {"0": 1.0, "1": 1.0, "2": 0.01}),
             "none": _table3_variant({"0": 0.2, "1": 0.1, "2": -0.3}, {"0": 1.0, "1": 1.0, "2": 1.0}),
+            "one_seed": _table3_variant({"0": 0.5}, {"0": 0.01}),  # A partial ledger: seeds 1 and 2 not run.
+            "all_opposite": _table3_variant({"0": 1.0, "1": -1.0, "2": 2.0}, {"0": 0.01, "1": 0.01, "2": 0.01}),
         },
     }
     row = results_table._table3(figures)
-    every, some = row.split("; in some (seeds where it does / seeds compared): ")
-    assert every.endswith("in every seed compared: every -2.00")
-    assert some == "opposite +0.03 (2/3, of opposite signs), one +0.20 (1/3)"
-    assert row.startswith("15 of 15 runs; base test BLEU 14.00 ± 0.50;")
+    every, some = row.split("; in some seeds or opposite ways (seeds where it does / seeds compared): ")
+    assert every.endswith("in every seed compared: every -2.00, one_seed +0.50 (1/1)")
+    assert (
+        some == "opposite +0.03 (2/3, of opposite signs), one +0.20 (1/3), all_opposite +0.67 (3/3, of opposite signs)"
+    )
+    assert row.startswith("19 of 21 runs (partial); base test BLEU 14.00 ± 0.50;")
 
 
 def _git(folder, *arguments: str) -> str:

@@ -604,13 +604,12 @@ def test_summaries_estimate_each_variant_and_pair_its_seeds_with_the_base():
     assert (more.estimates["test_bleu"].n, more.differences["test_bleu"].mean) == (1, 1.0)  # 13 - 12, seed 1.
     assert more.differences["valid_perplexity"].mean == -2.0
     assert none.estimates["test_bleu"] is None and none.differences["test_bleu"] is None and none.steps is None
-    # The record gives each seed's BLEU and its difference to the same seed's base run, signs kept.
+    # Each seed's difference, over the seeds both finished: seed 1 only (seed 0 of "more" did not finish).
+    assert (base.bleu_differences, more.bleu_differences, none.bleu_differences) == ({}, {1: 1.0}, {})
     figures = report.record_figures([base, more, none])["variants"]
-    assert figures["more"]["test_bleu_by_seed"] == {"1": 13.0} and figures["more"]["test_bleu_diff_by_seed"] == {
-        "1": 1.0
-    }
-    assert figures["base"]["test_bleu_diff_by_seed"] == {"0": 0.0, "1": 0.0}
-    assert figures["none"]["test_bleu_by_seed"] == {} and figures["none"]["test_bleu_diff_by_seed"] == {}
+    assert figures["more"]["test_bleu_by_seed"] == {"1": 13.0}
+    assert figures["more"]["test_bleu_diff_by_seed"] == {"1": 1.0}
+    assert figures["base"]["test_bleu_diff_by_seed"] == {} and figures["none"]["test_bleu_by_seed"] == {}
 
 
 def _test_sentences(count: int) -> list[str]:
@@ -681,7 +680,8 @@ def test_bleu_significance_is_sacrebleus_paired_bootstrap_of_each_seed_against_t
     # The table and the CSV show them.
     with open(os.path.join(synthetic_sweep["root"], "results.md"), encoding="utf-8") as f:
         markdown = f.read()
-    assert f"| 2/2 ({perfect:.3f}, {perfect:.3f}) |" in markdown and "| 0/2 (1.000, 1.000) |" in markdown
+    assert f"| 2/2 ({perfect:.4f}, {perfect:.4f}) |" in markdown and "| 0/2 (1.0000, 1.0000) |" in markdown
+    assert "| +0.00, +0.00 | 0/2 (1.0000, 1.0000) |" in markdown  # key_16: the base's own translations, each seed.
     assert signature in markdown
     with open(os.path.join(synthetic_sweep["root"], "results.csv"), encoding="utf-8") as f:
         csv_rows = {row["variant"]: row for row in csv.DictReader(f)}
@@ -703,7 +703,7 @@ def test_each_seed_is_compared_with_the_base_run_of_the_same_seed_on_the_same_re
     found = significance.against_base(translations, "base")
     assert set(found) == {"same"}
     assert found["same"].p_values == {0: _sacrebleu_p_value(list(wrong), list(references), list(references)), 1: 1.0}
-    assert found["same"].describe() == f"1/2 ({found['same'].p_values[0]:.3f}, 1.000)"
+    assert found["same"].describe() == f"1/2 ({found['same'].p_values[0]:.4f}, 1.0000)"
 
 
 def test_test_translations_are_read_line_by_line_and_refused_when_cut(tmp_path):
