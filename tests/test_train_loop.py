@@ -42,12 +42,18 @@ def _best(workdir):
 
 # The cheaper PRNG (config.prng_impl='rbg') checkpoints the same key and reruns a step bitwise
 # (tests/test_step_options.py), so the loop's resume is tested once, with the default.
-def test_resumed_training_equals_uninterrupted_training(small_corpus, trained_tiny_run, tmp_path, compilation_cache):
-    """Stopped at step 3 and resumed in this process, as the shared tiny run went straight to step 6 in train.py."""
-    straight, resumed = trained_tiny_run, str(tmp_path / "resumed")
-    maps = {"eval.attention_maps": True}  # The shared run's config.
-    loop.train_and_evaluate(tiny_config(small_corpus, num_train_steps=3, **maps), resumed)
-    loop.train_and_evaluate(tiny_config(small_corpus, **maps), resumed)
+def test_resumed_training_equals_uninterrupted_training(small_corpus, tmp_path, compilation_cache):
+    """Stopped at step 3 and resumed, against a run straight to step 6, both in this process.
+
+    Not against the shared train.py run: under the tests' code generation (conftest's legacy fusion emitters) a
+    step rounds differently in the last bit in this process than in a train.py process on some CPUs (an AMD EPYC
+    with AVX-512), while two train.py processes agree and so do two runs in one process; with XLA's default
+    emitters the train.py run and this process agree bitwise there too.
+    """
+    straight, resumed = str(tmp_path / "straight"), str(tmp_path / "resumed")
+    loop.train_and_evaluate(tiny_config(small_corpus), straight)
+    loop.train_and_evaluate(tiny_config(small_corpus, num_train_steps=3), resumed)
+    loop.train_and_evaluate(tiny_config(small_corpus), resumed)
 
     config = tiny_config(small_corpus)
     state_a, data_a = _restore(config, straight, 6)
