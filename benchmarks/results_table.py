@@ -308,6 +308,8 @@ MEASURED_PATHS = {
     "benchmarks.test_tiers": ("tests/", ".ci/", "pyproject.toml", "benchmarks/test_tiers.py"),
     "sweep": (*_TRAINING, "sweep.py", "sweeps/"),
     "benchmarks.sweep_jobs": (*_TRAINING, "sweep.py", "sweeps/", "benchmarks/sweep_jobs.py"),
+    # The runs trained at the ledger's commit; this reads them.
+    "benchmarks.ledger_rerun": ("sweeps/report.py", "sweeps/ledger.py", "benchmarks/ledger_rerun.py"),
     "benchmarks.sweep_run_cost": (  # It runs train.py as the sweep does, and collects nothing.
         *_TRAINING,
         "sweeps/__init__.py",
