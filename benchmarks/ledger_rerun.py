@@ -13,6 +13,7 @@ table's differences between variants and seeds.
 
 import json
 import os
+import sys
 
 from absl import app, flags
 
@@ -47,6 +48,14 @@ def _figures(result, machine: str, commit: str) -> dict:
 
 def main(argv):
     del argv
+    try:
+        _compare()
+    except UserInputError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+
+
+def _compare() -> None:
     source = records.source()
     ledger, sweep = Ledger(_LEDGER.value), runner.load_sweep(_SWEEP.value)
     variant, _, seed = _RUN.value.partition("/seed_")

@@ -236,6 +236,44 @@ def test_a_sweep_killed_while_copying_leaves_the_ledger_readable(sweep_runs, tmp
     assert os.listdir(os.path.dirname(the_ledger.entry(killed.variant, 0))) == ["seed_0"]
 
 
+def test_a_run_trained_again_is_set_beside_the_ledgers_and_one_trained_otherwise_is_refused(sweep_runs, tmp_path):
+    base = next(run for run in sweep_runs["runs"] if (run.variant, run.seed) == ("base", 0))
+    sweep_runs["ledger"].add(base, "test")
+    again = Workdir(shutil.copytree(base.workdir, tmp_path / "again"))
+    references = sweep_runs["references"]  # The base translated each sentence as the next one's reference.
+    translations = references[:20] + sweep_runs["translations"]["base"][20:]  # The first 20 differ.
+    with open(os.path.join(again.evaluation("test"), "hypotheses.txt"), "w", encoding="utf-8") as f:
+        f.writelines(line + "\n" for line in translations)
+    output = tmp_path / "record"
+
+    def compare() -> subprocess.CompletedProcess:
+        flags = [f"--ledger={sweep_runs['ledger'].path}", "--run=base/seed_0", f"--workdir={again.root}"]
+        return subprocess.run(
+            [sys.executable, "-m", "benchmarks.ledger_rerun", *flags, f"--output={output}"],
+            cwd=REPO_ROOT,
+            env=entry_point_env(),
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+
+    compared = compare()
+    assert compared.returncode == 0, compared.stderr[-2000:]
+    with open(f"{output}.json", encoding="utf-8") as f:
+        figures = json.load(f)["figures"]
+    assert (figures["identical_translations"], figures["sentences"]) == (len(references) - 20, len(references))
+    assert figures["ledger"]["commit"] == figures["again"]["commit"] == _COMMIT
+    assert figures["again"]["machine"] == "Some CPU (cpu-avx2), 2 cores"
+    # Trained at another commit: not the ledger's run, one line says so.
+    os.remove(again.attempts)
+    attempts.append(again.attempts, _attempt(commit="b" * 40))
+    refused = compare()
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr
+    assert refused.stderr.strip().splitlines()[-1] == (
+        f"error: {again.root} was not trained as the ledger's run: train it with the ledger's command."
+    )
+
+
 def test_holm_adjusts_each_p_value_by_its_rank_and_keeps_them_ordered():
     p_values = {"a": 0.01, "b": 0.04, "c": 0.03, "d": 0.005}
     # Sorted 0.005, 0.01, 0.03, 0.04 times 4, 3, 2, 1: 0.02, 0.03, 0.06, 0.04 -> 0.06 (never below the one before).
