@@ -65,15 +65,19 @@ def _compare() -> None:
     again = runner.Run(variant, int(seed), os.path.abspath(_WORKDIR.value))
     config = sweep.run_config(kept)
     kept_result, again_result = read_run(kept, config), read_run(again, config)
-    if kept_result is None or again_result is None:
-        raise UserInputError(f"{_RUN.value} is not finished in both {ledger.path} and {_WORKDIR.value}.")
+    if any(result is None or result.test_translations is None for result in (kept_result, again_result)):
+        raise UserInputError(
+            f"{_RUN.value} is not finished, with its test translations, in both {ledger.path} and {_WORKDIR.value}."
+        )
     workdir = Workdir(again.workdir)
     trained = run_summary(
         again, attempts.read(workdir.attempts), file_sha256(workdir.tokenizer), metric_log.read(again.workdir, "train")
     )
     with open(os.path.join(kept.workdir, "run.json"), encoding="utf-8") as f:
         kept_summary = json.load(f)
-    if any(trained[key] != kept_summary[key] for key in ("commit", "dtype", "tokenizer_sha256", "device_count")):
+    if any(
+        trained[key] != kept_summary[key] for key in ("commit", "platform", "dtype", "tokenizer_sha256", "device_count")
+    ):
         raise UserInputError(
             f"{_WORKDIR.value} was not trained as the ledger's run: train it with the ledger's command."
         )

@@ -264,6 +264,11 @@ def test_a_run_trained_again_is_set_beside_the_ledgers_and_one_trained_otherwise
     assert (figures["identical_translations"], figures["sentences"]) == (len(references) - 20, len(references))
     assert figures["ledger"]["commit"] == figures["again"]["commit"] == _COMMIT
     assert figures["again"]["machine"] == "Some CPU (cpu-avx2), 2 cores"
+    # Its test translations gone: one line says so, and nothing is compared.
+    os.rename(os.path.join(again.evaluation("test"), "hypotheses.txt"), tmp_path / "hypotheses.txt")
+    missing = compare()
+    assert missing.returncode == 2 and "with its test translations" in missing.stderr.strip().splitlines()[-1]
+    os.rename(tmp_path / "hypotheses.txt", os.path.join(again.evaluation("test"), "hypotheses.txt"))
     # Trained at another commit: not the ledger's run, one line says so.
     os.remove(again.attempts)
     attempts.append(again.attempts, _attempt(commit="b" * 40))
